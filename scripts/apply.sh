@@ -1,0 +1,628 @@
+#!/usr/bin/env bash
+# Build a DeepSpeed git checkout at a pinned release with this repository's patch series applied.
+# Run `scripts/apply.sh --help` for usage; the exit codes are listed there and in README.md.
+set -Eeuo pipefail
+
+PROG=apply.sh
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+
+# Exit codes. They are part of the interface (README.md lists them): scripts and the tests tell
+# failures apart by them, so never renumber one.
+readonly E_INTERNAL=1 E_USAGE=2 E_VERSION=3 E_FOREIGN=4 E_DIFFERENT=5 E_CHECKOUT=6 E_NOBASE=7 \
+    E_VERIFY=8 E_PATCH=9 E_SERIES=10
+
+readonly DEFAULT_GIT_URL=https://github.com/deepspeedai/DeepSpeed.git
+# The sdist import commit gets this fixed identity and date so that its id depends only on the
+# sdist's content: every machine then builds the same base and the same patched commit ids.
+readonly IMPORT_NAME='DeepSpeed sdist import' IMPORT_EMAIL='sdist-import@zero3-patches.invalid'
+readonly IMPORT_DATE='2000-01-01T00:00:00+0000'
+# Used only when the destination repository has no committer identity at all (fresh CI machines).
+readonly FALLBACK_NAME='zero3 apply.sh' FALLBACK_EMAIL='apply.sh@zero3-patches.invalid'
+readonly MARKER_NAME=zero3-apply
+
+usage() {
+    cat <<'EOF'
+Usage: scripts/apply.sh VERSION [options]
+
+Create a DeepSpeed git checkout at the pinned release VERSION (e.g. v0.19.2) with the patch
+series applied by `git am`, then print its path and the applied commits.
+
+Options:
+  --dest DIR          where to create the checkout (default: build/deepspeed-VERSION in this
+                      repository). It must not exist, or must have been created by apply.sh.
+  --checkout PATH     use your own DeepSpeed clone or fork instead: a new branch is created at the
+                      pinned commit; your other branches are never touched. Refused if the
+                      working tree has uncommitted changes.
+  --branch NAME       branch to create (default: zero3/VERSION)
+  --source SRC        auto (default), checkout, git or sdist. auto tries, in order: --checkout if
+                      given, a git clone of upstream, then the PyPI sdist (--sdist FILE implies sdist).
+  --sdist PATH        an already downloaded sdist file, or a directory that holds it
+                      (env DEEPSPEED_SDIST does the same without changing the auto order)
+  --patches N         apply only the first N patches of the series (for bisecting)
+  --pristine          apply no patches (same as --patches 0)
+  --patch-dir DIR     patch directory with a `series` file (default: patches/ in this repository)
+  --force             re-create a destination (or branch) that apply.sh created earlier
+  -h, --help          show this help
+
+Environment:
+  DEEPSPEED_GIT_URL       upstream git URL (default https://github.com/deepspeedai/DeepSpeed.git)
+  DEEPSPEED_GIT_PROBE_TIMEOUT  seconds to wait for the remote to answer (default 20)
+  DEEPSPEED_GIT_TIMEOUT   seconds allowed for the whole clone (default 900)
+  DEEPSPEED_SDIST         sdist file, or directory holding it (also searched: PIP_FIND_LINKS dirs)
+  ZERO3_PINNED_BASES      pinned-bases file to use instead of scripts/pinned-bases.tsv
+  PYTHON                  interpreter whose pip downloads the sdist (default python3)
+
+Exit codes:
+  0   patched checkout created, or already present with the same version and patches
+  1   internal error (a command failed unexpectedly)
+  2   malformed command line
+  3   unknown VERSION (not in the pinned-bases file) or unreadable pinned-bases file
+  4   destination exists and was not created by apply.sh
+  5   destination (or branch) was created by apply.sh for another version or patch set: use --force
+  6   --checkout problem: not a git checkout, uncommitted changes, an operation in progress,
+      or the branch exists and is not apply.sh's
+  7   no source could provide the base (clone failed, sdist not found or not downloadable,
+      pinned commit missing from the checkout)
+  8   base verification failed (tag at another commit, sdist sha256 mismatch, odd sdist layout)
+  9   a patch did not apply (nothing is left behind)
+  10  patch directory or series file problem (missing file, --patches larger than the series)
+EOF
+}
+
+die() {
+    local code=$1
+    shift
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
+    exit "$code"
+}
+
+info() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+VERSION='' N_PATCHES='' DEST='' FORCE=0 SOURCE=auto PATCH_DIR='' CHECKOUT='' BRANCH='' SDIST_ARG=''
+PRISTINE=0
+
+set_opt() {
+    local opt=$1 val=$2
+    [[ -n $val ]] || die "$E_USAGE" "option $opt needs a non-empty value"
+    # Paths and names end up in git config, in messages and in line-based output: a control
+    # character (newline, escape) there is never meant and would corrupt all of those.
+    [[ $val != *[[:cntrl:]]* ]] || die "$E_USAGE" "option $opt: value contains a control character"
+    case $opt in
+        --patches)
+            [[ $val =~ ^[0-9]+$ ]] || die "$E_USAGE" "--patches takes a non-negative integer, got '$val'"
+            N_PATCHES=$((10#$val))
+            ;;
+        --dest) DEST=$val ;;
+        --source)
+            case $val in
+                auto | checkout | git | sdist) SOURCE=$val ;;
+                *) die "$E_USAGE" "--source must be one of auto, checkout, git, sdist; got '$val'" ;;
+            esac
+            ;;
+        --patch-dir) PATCH_DIR=$val ;;
+        --checkout) CHECKOUT=$val ;;
+        --branch) BRANCH=$val ;;
+        --sdist) SDIST_ARG=$val ;;
+    esac
+}
+
+while (($#)); do
+    case $1 in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        --pristine) PRISTINE=1 ;;
+        --force) FORCE=1 ;;
+        --patches | --dest | --source | --patch-dir | --checkout | --branch | --sdist)
+            (($# >= 2)) || die "$E_USAGE" "option $1 needs a value"
+            set_opt "$1" "$2"
+            shift
+            ;;
+        --patches=* | --dest=* | --source=* | --patch-dir=* | --checkout=* | --branch=* | --sdist=*)
+            set_opt "${1%%=*}" "${1#*=}"
+            ;;
+        --)
+            shift
+            break
+            ;;
+        -?*) die "$E_USAGE" "unknown option '$1' (see --help)" ;;
+        *)
+            [[ -z $VERSION ]] || die "$E_USAGE" "more than one VERSION given ('$VERSION' and '$1')"
+            VERSION=$1
+            ;;
+    esac
+    shift
+done
+while (($#)); do
+    [[ -z $VERSION ]] || die "$E_USAGE" "more than one VERSION given ('$VERSION' and '$1')"
+    VERSION=$1
+    shift
+done
+
+[[ -n $VERSION ]] || die "$E_USAGE" "missing VERSION argument, e.g. v0.19.2 (see --help)"
+[[ $VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+    die "$E_USAGE" "malformed VERSION '$VERSION' (expected a release tag like v0.19.2)"
+if ((PRISTINE)); then
+    [[ -z $N_PATCHES || $N_PATCHES == 0 ]] || die "$E_USAGE" "--pristine conflicts with --patches $N_PATCHES"
+    N_PATCHES=0
+fi
+if [[ -n $CHECKOUT ]]; then
+    [[ -z $DEST ]] || die "$E_USAGE" "--dest cannot be combined with --checkout (the checkout is the destination)"
+    [[ $SOURCE == auto || $SOURCE == checkout ]] ||
+        die "$E_USAGE" "--checkout cannot be combined with --source $SOURCE"
+    SOURCE=checkout
+elif [[ $SOURCE == checkout ]]; then
+    die "$E_USAGE" "--source checkout needs --checkout PATH"
+fi
+if [[ -n $SDIST_ARG && $SOURCE == auto ]]; then
+    # Naming a local sdist means "use this file": trying the network first would only add delay.
+    SOURCE=sdist
+fi
+[[ -n $SDIST_ARG && $SOURCE != sdist ]] && die "$E_USAGE" "--sdist cannot be combined with --source $SOURCE"
+BRANCH=${BRANCH:-zero3/$VERSION}
+git check-ref-format --branch "$BRANCH" >/dev/null 2>&1 || die "$E_USAGE" "invalid branch name '$BRANCH'"
+
+# ---------------------------------------------------------------------------------------------
+# Pinned base
+
+PINNED_FILE=${ZERO3_PINNED_BASES:-$SCRIPT_DIR/pinned-bases.tsv}
+[[ -f $PINNED_FILE && -r $PINNED_FILE ]] || die "$E_VERSION" "pinned-bases file not found: $PINNED_FILE"
+PIN_COMMIT='' PIN_SDIST='' PIN_SHA='' KNOWN=''
+while IFS=$'\t' read -r v c s h _ || [[ -n ${v:-} ]]; do
+    [[ -z $v || $v == \#* ]] && continue
+    KNOWN+=" $v"
+    [[ $v == "$VERSION" ]] || continue
+    [[ $c =~ ^[0-9a-f]{40}$ && $h =~ ^[0-9a-f]{64}$ && $s =~ ^[A-Za-z0-9._+-]+\.tar\.gz$ ]] ||
+        die "$E_VERSION" "malformed line for $VERSION in $PINNED_FILE (want: tag, 40-hex commit, sdist name, 64-hex sha256)"
+    PIN_COMMIT=$c PIN_SDIST=$s PIN_SHA=$h
+done <"$PINNED_FILE"
+[[ -n $PIN_COMMIT ]] || die "$E_VERSION" "unknown version '$VERSION': not in $PINNED_FILE (known:${KNOWN:- none})"
+
+# ---------------------------------------------------------------------------------------------
+# Patch series
+
+SERIES=()
+PATCH_DIR=${PATCH_DIR:-$REPO_ROOT/patches}
+[[ $PATCH_DIR == /* ]] || PATCH_DIR=$PWD/$PATCH_DIR
+if [[ ${N_PATCHES:-x} != 0 ]]; then
+    [[ -d $PATCH_DIR ]] || die "$E_SERIES" "patch directory not found: $PATCH_DIR"
+    [[ -f $PATCH_DIR/series ]] ||
+        die "$E_SERIES" "no series file in $PATCH_DIR (it lists the patch files to apply, in order)"
+    while IFS= read -r line || [[ -n $line ]]; do
+        line=${line%$'\r'}
+        line=${line%%#*}
+        line=${line#"${line%%[![:space:]]*}"}
+        line=${line%"${line##*[![:space:]]}"}
+        [[ -n $line ]] || continue
+        [[ $line != */* && $line != .* ]] ||
+            die "$E_SERIES" "series entry '$line' must be a plain file name inside $PATCH_DIR"
+        [[ -f $PATCH_DIR/$line ]] || die "$E_SERIES" "series lists $line, which does not exist in $PATCH_DIR"
+        SERIES+=("$line")
+    done <"$PATCH_DIR/series"
+    if [[ -z $N_PATCHES ]]; then
+        N_PATCHES=${#SERIES[@]}
+    elif ((N_PATCHES > ${#SERIES[@]})); then
+        die "$E_SERIES" "--patches $N_PATCHES but the series in $PATCH_DIR has only ${#SERIES[@]} patches"
+    fi
+fi
+N_PATCHES=${N_PATCHES:-0}
+SERIES=("${SERIES[@]:0:N_PATCHES}")
+
+# What "the same patch set" means when a destination already exists: the same diffs, in order.
+# Patch ids ignore commit ids and dates, so a tree rebuilt elsewhere, or one whose commits were
+# exported back to patches/, is recognised.
+WANT_IDS=()
+for p in "${SERIES[@]}"; do
+    id=$(git patch-id --stable <"$PATCH_DIR/$p" | cut -d' ' -f1)
+    WANT_IDS+=("${id:-empty}")
+done
+
+# ---------------------------------------------------------------------------------------------
+# Cleanup: whatever this run created is removed again if it fails.
+
+TMP=
+WORK=            # fresh build directory created by this run (renamed to DEST on success)
+CREATED_DIRS=()  # parent directories this run created, innermost last
+CO=              # user checkout (top level) when --checkout is used
+CO_ORIG=         # the branch (or commit, when detached) the user had checked out
+CO_TMP_BRANCH=   # branch this run created in the user checkout
+
+rollback() {
+    if [[ -n $CO && -n $CO_TMP_BRANCH ]]; then
+        git -C "$CO" am --abort >/dev/null 2>&1 || true
+        if git -C "$CO" checkout -q "$CO_ORIG" -- 2>/dev/null; then
+            git -C "$CO" branch -q -D "$CO_TMP_BRANCH" >/dev/null 2>&1 || true
+            info "returned $CO to $CO_ORIG and deleted branch $CO_TMP_BRANCH"
+        else
+            info "could not return $CO to $CO_ORIG; branch $CO_TMP_BRANCH is left for you to inspect"
+        fi
+    fi
+    if [[ -n $WORK && -e $WORK ]]; then
+        rm -rf -- "$WORK"
+    fi
+    local i
+    for ((i = ${#CREATED_DIRS[@]} - 1; i >= 0; i--)); do
+        rmdir -- "${CREATED_DIRS[i]}" 2>/dev/null || break
+    done
+}
+
+on_exit() {
+    local rc=$?
+    trap - EXIT
+    ((rc == 0)) || rollback
+    [[ -z $TMP ]] || rm -rf -- "$TMP"
+    exit "$rc"
+}
+trap on_exit EXIT
+# Any command failing where the script did not expect it: report where, exit with E_INTERNAL.
+trap 'printf "%s: internal error: command failed (status %s) at line %s: %s\n" "$PROG" "$?" "$LINENO" "$BASH_COMMAND" >&2; exit "$E_INTERNAL"' ERR
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/zero3-apply.XXXXXX")
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+# Patch ids of the commits base..branch, oldest first.
+have_ids() {
+    local repo=$1 base=$2 branch=$3 c
+    for c in $(git -C "$repo" rev-list --reverse "$base..refs/heads/$branch"); do
+        c=$(git -C "$repo" show --format='commit %H' --patch "$c" | git patch-id --stable | cut -d' ' -f1)
+        printf '%s\n' "${c:-empty}"
+    done
+}
+
+# 0 when BRANCH in REPO holds VERSION's base plus exactly the requested patches.
+same_request() {
+    local repo=$1 have want
+    [[ $(git -C "$repo" config --get "branch.$BRANCH.zero3version" || true) == "$VERSION" ]] || return 1
+    [[ $(git -C "$repo" config --get "branch.$BRANCH.zero3upstream" || true) == "$PIN_COMMIT" ]] || return 1
+    local base
+    base=$(git -C "$repo" config --get "branch.$BRANCH.zero3base") || return 1
+    have=$(have_ids "$repo" "$base" "$BRANCH") || return 1
+    want=''
+    if ((${#WANT_IDS[@]})); then want=$(printf '%s\n' "${WANT_IDS[@]}"); fi
+    [[ $have == "$want" ]]
+}
+
+describe_state() {
+    local repo=$1 base n v
+    v=$(git -C "$repo" config --get "branch.$BRANCH.zero3version" || echo '?')
+    base=$(git -C "$repo" config --get "branch.$BRANCH.zero3base" || true)
+    n='?'
+    [[ -n $base ]] && n=$(git -C "$repo" rev-list --count "$base..refs/heads/$BRANCH" 2>/dev/null || echo '?')
+    printf 'version %s with %s patch(es)' "$v" "$n"
+}
+
+summary() {
+    local heading=$1 repo=$2 base source count
+    base=$(git -C "$repo" config --get "branch.$BRANCH.zero3base")
+    source=$(git -C "$repo" config --get "branch.$BRANCH.zero3source" || echo '?')
+    count=$(git -C "$repo" rev-list --count "$base..refs/heads/$BRANCH")
+    printf '%s\n' "$heading"
+    printf '  path:    %s\n' "$repo"
+    printf '  branch:  %s\n' "$BRANCH"
+    printf '  source:  %s\n' "$source"
+    printf '  base:    %s (upstream %s = %s)\n' "$base" "$VERSION" "$PIN_COMMIT"
+    printf '  commits: %s applied, oldest first\n' "$count"
+    git -C "$repo" log --reverse --format='    %h %s' "$base..refs/heads/$BRANCH"
+}
+
+sha256_of() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum -- "$1" | cut -d' ' -f1
+    else
+        shasum -a 256 -- "$1" | cut -d' ' -f1
+    fi
+}
+
+# Runs git with a bounded, non-interactive network: an unreachable host must fail in seconds,
+# not hang on a prompt or on a stalled transfer.
+net_git() {
+    local limit=$1
+    shift
+    GIT_TERMINAL_PROMPT=0 GIT_HTTP_LOW_SPEED_LIMIT=1000 GIT_HTTP_LOW_SPEED_TIME=15 \
+        GIT_SSH_COMMAND=${GIT_SSH_COMMAND:-ssh -o BatchMode=yes -o ConnectTimeout=15} \
+        timeout "$limit" git "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Sources. Each fills the repository at $1 (which must not exist yet) with the pinned base,
+# checked out on branch $BRANCH, and sets BASE and SOURCE_DESC; or it sets FAIL_REASON when the
+# source is unavailable. Verification failures exit at once. They signal through FAIL_REASON, not
+# their status, because bash ignores `set -e` inside a function called as a condition.
+
+BASE='' SOURCE_DESC='' FAIL_REASON=''
+
+from_git() {
+    local repo=$1 url=${DEEPSPEED_GIT_URL:-$DEFAULT_GIT_URL} out found
+    info "trying git: $url"
+    # Ask the remote for the tag first: cheap, fails fast when offline, and lets us check the
+    # tag before downloading anything.
+    if ! out=$(net_git "${DEEPSPEED_GIT_PROBE_TIMEOUT:-20}" ls-remote --tags -- "$url" \
+        "refs/tags/$VERSION" "refs/tags/$VERSION^{}" 2>&1); then
+        FAIL_REASON="git ls-remote $url failed: $(printf '%s' "$out" | tail -n 1)"
+        return 0
+    fi
+    found=$(printf '%s\n' "$out" | awk -v t="refs/tags/$VERSION^{}" '$2 == t {print $1}')
+    [[ -n $found ]] || found=$(printf '%s\n' "$out" | awk -v t="refs/tags/$VERSION" '$2 == t {print $1}')
+    if [[ -z $found ]]; then
+        FAIL_REASON="tag $VERSION not found at $url"
+        return 0
+    fi
+    [[ $found == "$PIN_COMMIT" ]] || die "$E_VERIFY" "base verification failed: tag $VERSION at $url is commit $found, expected pinned commit $PIN_COMMIT"
+    if ! out=$(net_git "${DEEPSPEED_GIT_TIMEOUT:-900}" -c advice.detachedHead=false clone -q \
+        --no-checkout --depth 1 --branch "$VERSION" -- "$url" "$repo" 2>&1); then
+        rm -rf -- "$repo"
+        FAIL_REASON="git clone of $url failed: $(printf '%s' "$out" | tail -n 1)"
+        return 0
+    fi
+    found=$(git -C "$repo" rev-parse -q --verify "refs/tags/$VERSION^{commit}" || echo none)
+    [[ $found == "$PIN_COMMIT" ]] || die "$E_VERIFY" "base verification failed: tag $VERSION in the clone of $url is commit $found, expected pinned commit $PIN_COMMIT"
+    git -C "$repo" checkout -q -b "$BRANCH" "$PIN_COMMIT"
+    BASE=$PIN_COMMIT
+    SOURCE_DESC="git clone of $url (tag $VERSION verified)"
+}
+
+find_sdist() {
+    local cand d
+    cand=${SDIST_ARG:-${DEEPSPEED_SDIST:-}}
+    if [[ -n $cand ]]; then
+        if [[ -f $cand ]]; then
+            SDIST_FILE=$cand
+        elif [[ -d $cand && -f $cand/$PIN_SDIST ]]; then
+            SDIST_FILE=$cand/$PIN_SDIST
+        elif [[ -d $cand ]]; then
+            FAIL_REASON="no $PIN_SDIST in directory $cand"
+            return 0
+        else
+            FAIL_REASON="sdist path $cand does not exist"
+            return 0
+        fi
+        return 0
+    fi
+    # An offline host's wheelhouse (PIP_FIND_LINKS) is where build-wheelhouse.sh puts the sdist.
+    for d in ${PIP_FIND_LINKS:-}; do
+        d=${d#file://}
+        if [[ -f $d/$PIN_SDIST ]]; then
+            SDIST_FILE=$d/$PIN_SDIST
+            return 0
+        fi
+    done
+    local py=${PYTHON:-python3} log=$TMP/pip-download.log
+    info "downloading $PIN_SDIST with pip"
+    if ! "$py" -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
+        "deepspeed==${VERSION#v}" -d "$TMP/sdist" >"$log" 2>&1; then
+        FAIL_REASON="pip download deepspeed==${VERSION#v} failed: $(tail -n 1 "$log")"
+        return 0
+    fi
+    if [[ ! -f $TMP/sdist/$PIN_SDIST ]]; then
+        FAIL_REASON="pip download did not produce $PIN_SDIST"
+        return 0
+    fi
+    SDIST_FILE=$TMP/sdist/$PIN_SDIST
+}
+
+from_sdist() {
+    local repo=$1 found top entries bad
+    SDIST_FILE=
+    find_sdist
+    [[ -z $FAIL_REASON ]] || return 0
+    info "using sdist $SDIST_FILE"
+    found=$(sha256_of "$SDIST_FILE")
+    [[ $found == "$PIN_SHA" ]] || die "$E_VERIFY" "base verification failed: sha256 of $SDIST_FILE is $found, expected $PIN_SHA"
+    # Everything must sit under the one top directory the sdist is named after, so that
+    # --strip-components cannot drop or misplace files.
+    top=${PIN_SDIST%.tar.gz}
+    entries=$(tar -tzf "$SDIST_FILE") || die "$E_VERIFY" "cannot list $SDIST_FILE (corrupt archive?)"
+    bad=$(printf '%s\n' "$entries" | awk -v t="$top" '$0 != t && $0 != t "/" && index($0, t "/") != 1' | head -n 1)
+    [[ -z $bad ]] || die "$E_VERIFY" "base verification failed: $SDIST_FILE has an entry outside $top/: $bad"
+    mkdir -- "$repo"
+    # --no-same-owner: as root, tar would otherwise keep the packager's uid and git would then
+    # refuse the tree as "dubious ownership".
+    tar -xzf "$SDIST_FILE" --no-same-owner --strip-components=1 -C "$repo"
+    local msg=$TMP/import-message
+    cat >"$msg" <<EOF
+Import DeepSpeed $VERSION from the PyPI sdist $PIN_SDIST
+
+The tree is the sdist unpacked as it is; the sdist has no tests/ directory.
+scripts/apply.sh fixes this commit's author, committer, dates and message,
+so the same sdist gives the same commit id on every machine.
+
+Upstream-commit: $PIN_COMMIT
+Sdist: $PIN_SDIST
+Sdist-sha256: $PIN_SHA
+EOF
+    # The user's global and system git config (autocrlf, attributes, excludes, hooks) must not
+    # change what gets committed: the commit id has to be the same everywhere.
+    # shellcheck disable=SC2030  # the fixed identity is meant for this subshell only
+    (
+        export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+        export GIT_AUTHOR_NAME=$IMPORT_NAME GIT_AUTHOR_EMAIL=$IMPORT_EMAIL GIT_AUTHOR_DATE=$IMPORT_DATE
+        export GIT_COMMITTER_NAME=$IMPORT_NAME GIT_COMMITTER_EMAIL=$IMPORT_EMAIL GIT_COMMITTER_DATE=$IMPORT_DATE
+        cd -- "$repo"
+        git init -q
+        git symbolic-ref HEAD "refs/heads/$BRANCH"
+        git -c core.autocrlf=false -c core.safecrlf=false -c core.fileMode=true add -A -f .
+        tree=$(git write-tree)
+        commit=$(git commit-tree "$tree" -F "$msg")
+        git update-ref "refs/heads/$BRANCH" "$commit"
+        # A name for the base, handy for `git rebase -i` and `git log` in this checkout.
+        git tag "zero3-base/$VERSION" "$commit"
+    )
+    BASE=$(git -C "$repo" rev-parse HEAD)
+    SOURCE_DESC="sdist $PIN_SDIST (sha256 verified)"
+    info "sha256 $PIN_SHA verified; imported as commit $BASE"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Applying the series
+
+ensure_identity() {
+    local repo=$1
+    if ! git -C "$repo" config --get user.name >/dev/null || ! git -C "$repo" config --get user.email >/dev/null; then
+        git -C "$repo" config user.name "$FALLBACK_NAME"
+        git -C "$repo" config user.email "$FALLBACK_EMAIL"
+        info "no git identity configured: set $FALLBACK_NAME <$FALLBACK_EMAIL> in $repo"
+    fi
+}
+
+apply_series() {
+    local repo=$1 i p out files
+    for ((i = 0; i < ${#SERIES[@]}; i++)); do
+        p=${SERIES[i]}
+        # Options are spelled out so that am.* / apply.* settings in the user's config cannot
+        # change what gets committed (3-way merges, whitespace fixing, CR handling).
+        if ! out=$(git -C "$repo" am --no-3way --no-scissors --no-keep-cr --no-message-id \
+            --whitespace=warn --committer-date-is-author-date -- "$PATCH_DIR/$p" 2>&1); then
+            git -C "$repo" am --abort >/dev/null 2>&1 || true
+            printf '%s\n' "$out" | sed 's/^/  git am: /' >&2
+            files=$(printf '%s\n' "$out" | sed -n \
+                -e 's/^error: patch failed: \(.*\):[0-9][0-9]*$/\1/p' \
+                -e 's/^error: \(.*\): \(patch does not apply\|does not exist in index\|already exists in index\|already exists in working directory\|does not match index\|No such file or directory\)$/\1/p' |
+                sort -u | paste -sd, - | sed 's/,/, /g')
+            die "$E_PATCH" "patch $p ($((i + 1)) of ${#SERIES[@]}) did not apply to $VERSION; failing file(s): ${files:-unknown, see the git am output above}"
+        fi
+    done
+}
+
+record() {
+    local repo=$1 source=$2
+    git -C "$repo" config "branch.$BRANCH.zero3version" "$VERSION"
+    git -C "$repo" config "branch.$BRANCH.zero3upstream" "$PIN_COMMIT"
+    git -C "$repo" config "branch.$BRANCH.zero3base" "$BASE"
+    git -C "$repo" config "branch.$BRANCH.zero3source" "$source"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Mode 1: the user's own checkout
+
+if [[ $SOURCE == checkout ]]; then
+    [[ -d $CHECKOUT ]] || die "$E_CHECKOUT" "--checkout $CHECKOUT is not a directory"
+    top=$(git -C "$CHECKOUT" rev-parse --show-toplevel 2>/dev/null) ||
+        die "$E_CHECKOUT" "--checkout $CHECKOUT is not a git checkout"
+    if git -C "$top" show-ref --verify --quiet "refs/heads/$BRANCH"; then
+        if [[ -z $(git -C "$top" config --get "branch.$BRANCH.zero3version" || true) ]]; then
+            die "$E_CHECKOUT" "branch $BRANCH already exists in $top and was not created by apply.sh; choose another with --branch NAME"
+        fi
+        if same_request "$top"; then
+            summary "already applied: $VERSION with ${#SERIES[@]} patch(es) on branch $BRANCH of $top" "$top"
+            exit 0
+        fi
+        ((FORCE)) || die "$E_DIFFERENT" "branch $BRANCH in $top holds $(describe_state "$top"), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create the branch"
+    fi
+    [[ -z $(git -C "$top" status --porcelain --untracked-files=no) ]] ||
+        die "$E_CHECKOUT" "checkout $top has uncommitted changes; commit or stash them first"
+    for f in rebase-apply rebase-merge MERGE_HEAD CHERRY_PICK_HEAD REVERT_HEAD BISECT_LOG; do
+        [[ ! -e $(git -C "$top" rev-parse --git-path "$f") ]] ||
+            die "$E_CHECKOUT" "checkout $top is in the middle of a git operation ($f); finish or abort it first"
+    done
+    if git -C "$top" rev-parse -q --verify "refs/tags/$VERSION" >/dev/null; then
+        found=$(git -C "$top" rev-parse -q --verify "refs/tags/$VERSION^{commit}" || echo none)
+        [[ $found == "$PIN_COMMIT" ]] || die "$E_VERIFY" "base verification failed: tag $VERSION in $top is commit $found, expected pinned commit $PIN_COMMIT"
+    elif ! git -C "$top" cat-file -e "$PIN_COMMIT^{commit}" 2>/dev/null; then
+        die "$E_NOBASE" "pinned commit $PIN_COMMIT ($VERSION) is not in $top; fetch it first: git -C $top fetch ${DEEPSPEED_GIT_URL:-$DEFAULT_GIT_URL} tag $VERSION"
+    fi
+    CO_ORIG=$(git -C "$top" symbolic-ref -q --short HEAD || git -C "$top" rev-parse HEAD)
+    CO=$top
+    # Work on a temporary branch and rename it at the end: a failure then never costs the user
+    # a branch, not even the one --force is about to replace.
+    tmpb="$BRANCH-apply-tmp-$$"
+    git -C "$top" checkout -q -b "$tmpb" "$PIN_COMMIT"
+    CO_TMP_BRANCH=$tmpb
+    BASE=$PIN_COMMIT
+    if ! git -C "$top" config --get user.name >/dev/null || ! git -C "$top" config --get user.email >/dev/null; then
+        # Never write into the user's config: the identity is given to this run only.
+        # shellcheck disable=SC2031
+        export GIT_COMMITTER_NAME=$FALLBACK_NAME GIT_COMMITTER_EMAIL=$FALLBACK_EMAIL
+    fi
+    apply_series "$top"
+    if git -C "$top" show-ref --verify --quiet "refs/heads/$BRANCH"; then
+        git -C "$top" config --remove-section "branch.$BRANCH" 2>/dev/null || true
+    fi
+    git -C "$top" branch -q -M "$tmpb" "$BRANCH"
+    CO_TMP_BRANCH=
+    record "$top" "your checkout $top (commit verified)"
+    summary "patched DeepSpeed $VERSION: branch $BRANCH in your checkout $top" "$top"
+    exit 0
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Mode 2: a destination directory this script owns
+
+DEST=${DEST:-$REPO_ROOT/build/deepspeed-$VERSION}
+[[ $DEST == /* ]] || DEST=$PWD/$DEST
+while [[ $DEST == */ && $DEST != / ]]; do DEST=${DEST%/}; done
+[[ $DEST != / ]] || die "$E_USAGE" "--dest / is not allowed"
+
+if [[ -e $DEST || -L $DEST ]]; then
+    if [[ ! -d $DEST || -L $DEST || ! -f $DEST/.git/$MARKER_NAME ]]; then
+        die "$E_FOREIGN" "destination $DEST exists and was not created by apply.sh; choose another --dest or remove it yourself"
+    fi
+    marker_branch=$(sed -n 's/^branch=//p' "$DEST/.git/$MARKER_NAME" | head -n 1)
+    if [[ $marker_branch == "$BRANCH" &&
+        $(git -C "$DEST" symbolic-ref -q HEAD || true) == "refs/heads/$BRANCH" ]] && same_request "$DEST"; then
+        summary "already applied: $VERSION with ${#SERIES[@]} patch(es) at $DEST" "$DEST"
+        git -C "$DEST" diff --quiet HEAD -- 2>/dev/null ||
+            info "note: $DEST has uncommitted changes (a pip install in place rewrites deepspeed/git_version_info_installed.py)"
+        exit 0
+    fi
+    ((FORCE)) || die "$E_DIFFERENT" "destination $DEST was created by apply.sh but holds $(BRANCH=${marker_branch:-$BRANCH} describe_state "$DEST") (branch ${marker_branch:-?}), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create it"
+fi
+
+# Create missing parents, remembering which, so a failed run can remove exactly those.
+parent=$(dirname -- "$DEST")
+missing=()
+d=$parent
+while [[ ! -e $d ]]; do
+    missing=("$d" "${missing[@]}")
+    d=$(dirname -- "$d")
+done
+for d in "${missing[@]}"; do
+    mkdir -- "$d"
+    CREATED_DIRS+=("$d")
+done
+[[ -d $parent ]] || die "$E_USAGE" "parent of --dest is not a directory: $parent"
+
+# Build next to the destination and rename at the end: a failure leaves no half-patched tree,
+# and --force only replaces the old tree once the new one is complete.
+WORK=$parent/.$(basename -- "$DEST").apply-tmp.$$
+got=0
+reasons=()
+case $SOURCE in
+    auto) candidates=(git sdist) ;;
+    *) candidates=("$SOURCE") ;;
+esac
+for s in "${candidates[@]}"; do
+    FAIL_REASON=
+    "from_$s" "$WORK"
+    if [[ -z $FAIL_REASON ]]; then
+        got=1
+        break
+    fi
+    reasons+=("$s: $FAIL_REASON")
+    info "source $s unavailable: $FAIL_REASON"
+done
+((got)) || die "$E_NOBASE" "no source could provide the $VERSION base (${reasons[*]})"
+info "base from $SOURCE_DESC"
+
+ensure_identity "$WORK"
+apply_series "$WORK"
+record "$WORK" "$SOURCE_DESC"
+printf '# Created by scripts/apply.sh; apply.sh --force may delete this whole directory.\nversion=%s\nbranch=%s\n' \
+    "$VERSION" "$BRANCH" >"$WORK/.git/$MARKER_NAME"
+
+if [[ -e $DEST ]]; then
+    # Only reached with --force on a destination whose marker was checked above.
+    info "--force: replacing $DEST"
+    rm -rf -- "$DEST"
+fi
+mv -- "$WORK" "$DEST"
+WORK=
+summary "patched DeepSpeed $VERSION at $DEST" "$DEST"
