@@ -1,0 +1,633 @@
+"""Tests for scripts/apply.sh and scripts/export-patches.sh.
+
+They run the scripts as a user would (bash, real git, the real DeepSpeed sdist) in temporary
+directories. The sdist is read from ZERO3_TEST_SDIST, /work/dl, or downloaded once with pip.
+
+Two patch series are used:
+- a small synthetic series built here on the sdist tree (exercises every code path without
+  depending on the project's patches), and
+- the project's real patches/ series, for the end-to-end and round-trip tests. Those fail, with
+  a message saying why, when patches/series is missing: CI must never pass without them.
+"""
+
+import email
+import email.policy
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+APPLY = REPO / "scripts" / "apply.sh"
+EXPORT = REPO / "scripts" / "export-patches.sh"
+VERSION = "v0.19.2"
+UPSTREAM = "b919284ab1ad6dbc1cb0e06b10386ff74160b586"
+SDIST_NAME = "deepspeed-0.19.2.tar.gz"
+SDIST_SHA = "7e854b6ebe3d2bfa239f82958372927631c74e5324c7f08f17ce7ff5f6b06969"
+BRANCH = "zero3/" + VERSION
+
+# Exit codes documented in apply.sh --help and README.md.
+E_USAGE, E_VERSION, E_FOREIGN, E_DIFFERENT, E_CHECKOUT, E_NOBASE, E_VERIFY, E_PATCH, E_SERIES = range(2, 11)
+
+# Variables that would change which source apply.sh picks or where it looks; each test sets
+# what it needs explicitly.
+_SCRUBBED = ("DEEPSPEED_SDIST", "DEEPSPEED_GIT_URL", "ZERO3_PINNED_BASES", "DEEPSPEED_GIT_TIMEOUT",
+             "DEEPSPEED_GIT_PROBE_TIMEOUT", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+
+SYNTH_AUTHOR = {"GIT_AUTHOR_NAME": "Synthetic Author", "GIT_AUTHOR_EMAIL": "synthetic@example.invalid"}
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    # A machine without a git identity (fresh CI) must still work; tests that need one set it.
+    env.update(extra)
+    return env
+
+
+def run(cmd, cwd=None, env=None, check=False):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or clean_env(), capture_output=True,
+                          text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def apply(*args, env=None, cwd=None):
+    return run(["bash", APPLY, *args], cwd=cwd, env=env)
+
+
+def export(*args, env=None):
+    return run(["bash", EXPORT, *args], env=env)
+
+
+def git(repo, *args, env=None):
+    return run(["git", "-C", repo, *args], env=env, check=True).stdout.strip()
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def refused(proc, code, *needles):
+    """The run failed with exit `code` and its error output contains every needle."""
+    assert proc.returncode == code, f"expected exit {code}, got {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in stderr:\n{proc.stderr}"
+
+
+def printed_path(proc):
+    m = re.search(r"^  path:\s+(.*)$", proc.stdout, re.M)
+    assert m, proc.stdout
+    return Path(m.group(1))
+
+
+def series_of(patch_dir):
+    names = []
+    for line in (Path(patch_dir) / "series").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    return names
+
+
+def patch_subject(path):
+    with open(path, "rb") as fh:
+        msg = email.message_from_binary_file(fh, policy=email.policy.default)
+    subject = " ".join(str(msg["Subject"]).split())
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+
+
+def commits_since(repo, base, ref="HEAD"):
+    out = git(repo, "log", "--reverse", "--format=%s", f"{base}..{ref}")
+    return out.splitlines() if out else []
+
+
+def base_of(repo, branch=BRANCH):
+    return git(repo, "config", "--get", f"branch.{branch}.zero3base")
+
+
+def write_pinned(path, commit, sha=SDIST_SHA):
+    path.write_text("# test pinned bases\n" + "\t".join([VERSION, commit, SDIST_NAME, sha]) + "\n")
+    return path
+
+
+def copy_repo(src, dst):
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# Session fixtures: the sdist, one pristine import of it, a synthetic series.
+
+
+def _pypi_reachable():
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/deepspeed/", timeout=15).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def sdist(tmp_path_factory):
+    for cand in (os.environ.get("ZERO3_TEST_SDIST"), f"/work/dl/{SDIST_NAME}"):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    dest = tmp_path_factory.mktemp("sdist")
+    run(["python3", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "deepspeed==0.19.2", "-d", dest],
+        check=True)
+    return dest / SDIST_NAME
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(tmp_path_factory, sdist):
+    """A pristine checkout made by apply.sh from the sdist; copy it, never modify it."""
+    dest = tmp_path_factory.mktemp("pristine") / "ds"
+    ok(apply(VERSION, "--pristine", "--sdist", sdist, "--dest", dest))
+    return dest
+
+
+def _commit_all(repo, message, date):
+    env = clean_env(**SYNTH_AUTHOR, GIT_AUTHOR_DATE=date, GIT_COMMITTER_NAME="Synthetic Author",
+                    GIT_COMMITTER_EMAIL="synthetic@example.invalid", GIT_COMMITTER_DATE=date)
+    git(repo, "add", "-A", env=env)
+    git(repo, "commit", "-q", "-s", "-m", message, env=env)
+
+
+@pytest.fixture(scope="session")
+def synthetic_series(tmp_path_factory, pristine_tree):
+    """Three small patches on the sdist tree, exported with export-patches.sh."""
+    root = tmp_path_factory.mktemp("synthetic")
+    tree = copy_repo(pristine_tree, root / "tree")
+    test_file = tree / "tests" / "unit" / "v1" / "zero" / "test_synthetic_series.py"
+    test_file.parent.mkdir(parents=True)
+    test_file.write_text("# Copyright (c) DeepSpeed Team.\n# SPDX-License-Identifier: Apache-2.0\n\n"
+                         "# DeepSpeed Team\n\n\ndef test_synthetic():\n    assert True\n")
+    _commit_all(tree, "Z3: add a synthetic test\n\nOnly used by tests/test_apply.py.", "2026-07-01T10:00:00+0200")
+    coord = tree / "deepspeed" / "runtime" / "zero" / "partitioned_param_coordinator.py"
+    text = coord.read_text()
+    anchor = "    def release_sub_module(self, submodule: Module, forward=False) -> None:\n"
+    assert anchor in text
+    coord.write_text(text.replace(anchor, anchor + "        # synthetic series: first change\n", 1))
+    _commit_all(tree, "ZeRO-3: synthetic change to the coordinator", "2026-07-02T11:30:00+0200")
+    coord.write_text(coord.read_text().replace("# synthetic series: first change",
+                                               "# synthetic series: second change", 1))
+    _commit_all(tree, "ZeRO-3: a second synthetic change with a long subject line to fold",
+                "2026-07-03T12:45:00-0700")
+    out = root / "patches"
+    ok(export("--tree", tree, "--out", out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_series():
+    if not (REPO / "patches" / "series").is_file():
+        pytest.fail("patches/series is missing: the project's patch series must be in patches/ "
+                    "(generate it with scripts/export-patches.sh); this test never skips")
+    return REPO / "patches"
+
+
+@pytest.fixture(params=["synthetic", "real"])
+def series_dir(request):
+    return request.getfixturevalue(f"{request.param}_series")
+
+
+@pytest.fixture
+def upstream_repo(tmp_path, pristine_tree):
+    """A local stand-in for upstream: a repo whose tag v0.19.2 is the pristine base, plus a
+    pinned-bases file naming that commit (the real upstream id cannot be forged)."""
+    up = copy_repo(pristine_tree, tmp_path / "upstream")
+    git(up, "tag", VERSION, "HEAD")
+    git(up, "checkout", "-q", "-b", "master")
+    # Leave nothing of apply.sh's in the stand-in upstream.
+    git(up, "branch", "-q", "-D", BRANCH)
+    git(up, "tag", "-d", "zero3-base/" + VERSION)
+    (up / ".git" / "zero3-apply").unlink()
+    pinned = write_pinned(tmp_path / "pinned.tsv", git(up, "rev-parse", "HEAD"))
+    return up, pinned
+
+
+@pytest.fixture
+def fork(tmp_path, upstream_repo):
+    """A user's clone of upstream with branches of their own, on branch `work`."""
+    up, pinned = upstream_repo
+    fork = tmp_path / "fork"
+    run(["git", "clone", "-q", up, fork], check=True)
+    env = clean_env(GIT_AUTHOR_NAME="U", GIT_AUTHOR_EMAIL="u@example.invalid", GIT_COMMITTER_NAME="U",
+                    GIT_COMMITTER_EMAIL="u@example.invalid")
+    git(fork, "checkout", "-q", "-b", "work", "master")
+    (fork / "MY_NOTES.txt").write_text("mine\n")
+    git(fork, "add", "MY_NOTES.txt", env=env)
+    git(fork, "commit", "-q", "-m", "my own work", env=env)
+    return fork, pinned
+
+
+def branches(repo):
+    return dict(
+        line.split(" ", 1)[::-1] for line in git(repo, "for-each-ref", "--format=%(objectname) %(refname:short)",
+                                                 "refs/heads/").splitlines())
+
+
+def broken_copy(series_dir, dest, index=1):
+    """Copy a series, changing a context line of patch `index` so that it cannot apply."""
+    shutil.copytree(series_dir, dest)
+    name = series_of(dest)[index]
+    lines = (dest / name).read_text().splitlines(keepends=True)
+    in_hunk = False
+    for i, line in enumerate(lines):
+        in_hunk = in_hunk or line.startswith("@@ ")
+        if in_hunk and line.startswith(" "):
+            lines[i] = line.rstrip("\n") + " garbled\n"
+            break
+    else:
+        pytest.fail(f"{name} has no context line; cannot break it")
+    (dest / name).write_text("".join(lines))
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+
+
+def test_help_documents_options_and_exit_codes():
+    proc = ok(apply("--help"))
+    for opt in ("--patches", "--pristine", "--dest", "--force", "--source", "--patch-dir", "--checkout", "--sdist"):
+        assert opt in proc.stdout
+    for code in range(0, 11):
+        assert re.search(rf"^  {code}\s", proc.stdout, re.M), f"exit code {code} undocumented"
+
+
+def test_sdist_end_to_end(tmp_path, sdist, series_dir):
+    dest = tmp_path / "out" / "ds"
+    proc = ok(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", series_dir))
+    assert printed_path(proc) == dest
+    assert "sdist" in proc.stdout
+    base = base_of(dest)
+    assert git(dest, "rev-parse", "HEAD~%d" % len(series_of(series_dir))) == base
+    assert commits_since(dest, base) == [patch_subject(series_dir / p) for p in series_of(series_dir)]
+    for subject in commits_since(dest, base):
+        assert subject in proc.stdout
+    message = git(dest, "log", "-1", "--format=%B", base)
+    assert f"Upstream-commit: {UPSTREAM}" in message and SDIST_SHA in message
+    assert git(dest, "status", "--porcelain") == ""
+    # The base commit holds exactly the sdist's files.
+    with tarfile.open(sdist) as tf:
+        files = sorted(m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile())
+    assert git(dest, "ls-tree", "-r", "--name-only", base).splitlines() == files
+
+
+def test_default_destination_is_build_dir(tmp_path, sdist):
+    # Run a copy of the scripts so that the default (REPO/build/deepspeed-VERSION) lands in tmp.
+    fake = tmp_path / "proj"
+    shutil.copytree(REPO / "scripts", fake / "scripts")
+    proc = ok(run(["bash", fake / "scripts" / "apply.sh", VERSION, "--pristine", "--sdist", sdist]))
+    assert printed_path(proc) == fake / "build" / f"deepspeed-{VERSION}"
+
+
+def test_sdist_base_commit_is_deterministic(tmp_path, sdist, pristine_tree):
+    env = clean_env(TZ="Pacific/Kiritimati", GIT_AUTHOR_NAME="Someone Else", GIT_AUTHOR_DATE="2011-11-11T11:11:11",
+                    GIT_COMMITTER_DATE="2012-12-12T12:12:12", LC_ALL="C")
+    dest = tmp_path / "again"
+    ok(apply(VERSION, "--pristine", "--sdist", sdist, "--dest", dest, env=env))
+    assert base_of(dest) == base_of(pristine_tree)
+    assert git(dest, "log", "-1", "--format=%an|%ae|%aI|%cn|%ce|%cI") == git(
+        pristine_tree, "log", "-1", "--format=%an|%ae|%aI|%cn|%ce|%cI")
+
+
+def test_real_pip_download_path(tmp_path):
+    if not _pypi_reachable():
+        pytest.skip("PyPI is unreachable from this machine")
+    env = clean_env()
+    env.pop("PIP_FIND_LINKS", None)  # make sure the sdist comes from pip, not a local wheelhouse
+    proc = ok(apply(VERSION, "--pristine", "--source", "sdist", "--dest", tmp_path / "ds", env=env))
+    assert "downloading " + SDIST_NAME in proc.stderr
+    assert f"sha256 {SDIST_SHA} verified" in proc.stderr
+
+
+def test_sdist_found_in_pip_find_links(tmp_path, sdist):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    shutil.copy(sdist, wheelhouse / SDIST_NAME)
+    env = clean_env(PIP_FIND_LINKS=f"/nonexistent file://{wheelhouse}")
+    proc = ok(apply(VERSION, "--pristine", "--source", "sdist", "--dest", tmp_path / "ds", env=env))
+    assert f"using sdist {wheelhouse}/{SDIST_NAME}" in proc.stderr
+
+
+def test_auto_falls_back_from_git_to_sdist_quickly(tmp_path, sdist):
+    # Port 9 on loopback refuses at once: stands in for an unreachable upstream without network.
+    env = clean_env(DEEPSPEED_GIT_URL="http://127.0.0.1:9/DeepSpeed.git", DEEPSPEED_SDIST=str(sdist))
+    start = time.monotonic()
+    proc = ok(apply(VERSION, "--pristine", "--dest", tmp_path / "ds", env=env))
+    assert time.monotonic() - start < 60
+    assert "source git unavailable" in proc.stderr
+    assert "source:  sdist" in proc.stdout
+
+
+def test_git_source_unreachable_fails_fast(tmp_path):
+    env = clean_env(DEEPSPEED_GIT_URL="http://127.0.0.1:9/DeepSpeed.git")
+    start = time.monotonic()
+    refused(apply(VERSION, "--pristine", "--source", "git", "--dest", tmp_path / "ds", env=env), E_NOBASE,
+            "no source could provide")
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "ds").exists()
+
+
+def test_git_source_end_to_end(tmp_path, upstream_repo, synthetic_series):
+    up, pinned = upstream_repo
+    env = clean_env(DEEPSPEED_GIT_URL=f"file://{up}", ZERO3_PINNED_BASES=str(pinned))
+    dest = tmp_path / "ds"
+    proc = ok(apply(VERSION, "--source", "git", "--dest", dest, "--patch-dir", synthetic_series, env=env))
+    assert "git clone of file://" in proc.stdout
+    assert base_of(dest) == git(up, "rev-parse", VERSION)
+    assert commits_since(dest, base_of(dest)) == [
+        patch_subject(synthetic_series / p) for p in series_of(synthetic_series)
+    ]
+
+
+def test_checkout_source_makes_a_new_branch_only(upstream_repo, fork, synthetic_series):
+    repo, pinned = fork
+    before = branches(repo)
+    env = clean_env(ZERO3_PINNED_BASES=str(pinned))
+    proc = ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, env=env))
+    assert printed_path(proc) == repo
+    after = branches(repo)
+    assert {k: after[k] for k in before} == before  # the user's branches are untouched
+    assert set(after) - set(before) == {BRANCH}
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert git(repo, "rev-parse", f"{BRANCH}~3") == git(repo, "rev-parse", VERSION)
+    # Same request again: recognised.
+    again = ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, env=env))
+    assert "already applied" in again.stdout
+
+
+def test_patches_n_and_pristine(tmp_path, sdist, synthetic_series):
+    ok(apply(VERSION, "--sdist", sdist, "--dest", tmp_path / "two", "--patch-dir", synthetic_series, "--patches", "2"))
+    assert len(commits_since(tmp_path / "two", base_of(tmp_path / "two"))) == 2
+    ok(apply(VERSION, "--sdist", sdist, "--dest", tmp_path / "none", "--patch-dir", synthetic_series, "--pristine"))
+    assert commits_since(tmp_path / "none", base_of(tmp_path / "none")) == []
+
+
+def test_rerun_recognises_existing_destination(tmp_path, sdist, synthetic_series):
+    dest = tmp_path / "ds"
+    args = (VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", synthetic_series)
+    ok(apply(*args))
+    head = git(dest, "rev-parse", "HEAD")
+    again = ok(apply(*args))
+    assert again.stdout.startswith("already applied")
+    assert printed_path(again) == dest
+    assert git(dest, "rev-parse", "HEAD") == head
+    # A different request is refused until --force, which rebuilds to the same commit ids.
+    refused(apply(*args, "--patches", "1"), E_DIFFERENT, "--force")
+    assert git(dest, "rev-parse", "HEAD") == head
+    ok(apply(*args, "--patches", "1", "--force"))
+    assert len(commits_since(dest, base_of(dest))) == 1
+    ok(apply(*args, "--force"))
+    assert git(dest, "rev-parse", "HEAD") == head
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: each asserts the exit code and message that only the check in question produces.
+
+
+def test_unknown_version_is_refused(tmp_path):
+    refused(apply("v0.0.1", "--pristine", "--dest", tmp_path / "ds"), E_VERSION, "unknown version 'v0.0.1'")
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["0.19.2"],
+    [VERSION, "--patches", "two"],
+    [VERSION, "--patches", "-1"],
+    [VERSION, "--source", "svn"],
+    [VERSION, "--frobnicate"],
+    [VERSION, "--dest"],
+    [VERSION, VERSION],
+    [VERSION, "--pristine", "--patches", "2"],
+    [VERSION, "--checkout", "/tmp", "--dest", "/tmp/x"],
+    [VERSION, "--branch", "bad..name"],
+])
+def test_malformed_arguments_are_refused(tmp_path, args):
+    proc = apply(*args, cwd=tmp_path)
+    refused(proc, E_USAGE, "apply.sh: error:")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tampered_sdist_is_refused(tmp_path, sdist):
+    # Repack the sdist with one file changed: same name, different sha256.
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(sdist) as tf:
+        tf.extractall(src, filter="data")
+    victim = src / "deepspeed-0.19.2" / "deepspeed" / "runtime" / "zero" / "stage3.py"
+    victim.write_text(victim.read_text() + "# tampered\n")
+    bad = tmp_path / "bad" / SDIST_NAME
+    bad.parent.mkdir()
+    with tarfile.open(bad, "w:gz") as tf:
+        tf.add(src / "deepspeed-0.19.2", arcname="deepspeed-0.19.2")
+    found = hashlib.sha256(bad.read_bytes()).hexdigest()
+    proc = apply(VERSION, "--pristine", "--sdist", bad.parent, "--dest", tmp_path / "ds")
+    refused(proc, E_VERIFY, "base verification failed", f"expected {SDIST_SHA}", f"is {found}")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_sdist_with_entries_outside_its_directory_is_refused(tmp_path, sdist):
+    # Even a sha256 that matches (here: a pinned file naming the odd archive) does not let an
+    # archive place files outside the expected top directory.
+    odd = tmp_path / SDIST_NAME
+    with tarfile.open(odd, "w:gz") as tf:
+        (tmp_path / "evil.txt").write_text("x")
+        tf.add(tmp_path / "evil.txt", arcname="evil.txt")
+    pinned = write_pinned(tmp_path / "pinned.tsv", UPSTREAM, hashlib.sha256(odd.read_bytes()).hexdigest())
+    proc = apply(VERSION, "--pristine", "--sdist", odd, "--dest", tmp_path / "ds",
+                 env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_VERIFY, "entry outside deepspeed-0.19.2/")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_git_tag_at_another_commit_is_refused(tmp_path, upstream_repo):
+    up, pinned = upstream_repo
+    expected = git(up, "rev-parse", VERSION)
+    env = clean_env(GIT_AUTHOR_NAME="x", GIT_AUTHOR_EMAIL="x@x.invalid", GIT_COMMITTER_NAME="x",
+                    GIT_COMMITTER_EMAIL="x@x.invalid")
+    git(up, "commit", "-q", "--allow-empty", "-m", "not the release", env=env)
+    git(up, "tag", "-f", VERSION, "HEAD")
+    found = git(up, "rev-parse", "HEAD")
+    env = clean_env(DEEPSPEED_GIT_URL=f"file://{up}", ZERO3_PINNED_BASES=str(pinned))
+    proc = apply(VERSION, "--pristine", "--source", "git", "--dest", tmp_path / "ds", env=env)
+    refused(proc, E_VERIFY, "base verification failed", f"is commit {found}", f"expected pinned commit {expected}")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_checkout_tag_at_another_commit_is_refused(fork):
+    repo, pinned = fork
+    expected = git(repo, "rev-parse", VERSION)
+    git(repo, "tag", "-f", VERSION, "work")
+    before = branches(repo)
+    proc = apply(VERSION, "--pristine", "--checkout", repo, env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_VERIFY, f"expected pinned commit {expected}", f"is commit {git(repo, 'rev-parse', 'work')}")
+    assert branches(repo) == before
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == "work"
+
+
+def test_checkout_without_pinned_commit_is_refused(tmp_path, fork):
+    repo, _ = fork
+    pinned = write_pinned(tmp_path / "other.tsv", "1" * 40)
+    git(repo, "tag", "-d", VERSION)
+    proc = apply(VERSION, "--pristine", "--checkout", repo, env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_NOBASE, "is not in", "fetch it first")
+
+
+def test_dirty_checkout_is_refused(fork, synthetic_series):
+    repo, pinned = fork
+    (repo / "MY_NOTES.txt").write_text("uncommitted edit\n")
+    before = branches(repo)
+    proc = apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series,
+                 env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_CHECKOUT, "has uncommitted changes")
+    assert branches(repo) == before
+    assert (repo / "MY_NOTES.txt").read_text() == "uncommitted edit\n"
+
+
+def test_foreign_branch_in_checkout_is_refused(fork):
+    repo, pinned = fork
+    git(repo, "branch", BRANCH, "master")
+    before = branches(repo)
+    proc = apply(VERSION, "--pristine", "--checkout", repo, "--force", env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_CHECKOUT, f"branch {BRANCH} already exists", "not created by apply.sh")
+    assert branches(repo) == before
+
+
+def test_not_a_checkout_is_refused(tmp_path):
+    refused(apply(VERSION, "--pristine", "--checkout", tmp_path), E_CHECKOUT, "is not a git checkout")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_foreign_destination_is_refused(tmp_path, sdist, force):
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "precious.txt").write_text("keep me\n")
+    args = [VERSION, "--pristine", "--sdist", sdist, "--dest", dest] + (["--force"] if force else [])
+    refused(apply(*args), E_FOREIGN, "exists and was not created by apply.sh")
+    assert [p.name for p in dest.iterdir()] == ["precious.txt"]
+    assert (dest / "precious.txt").read_text() == "keep me\n"
+
+
+def test_failing_patch_leaves_nothing_behind(tmp_path, sdist, synthetic_series):
+    patches = tmp_path / "broken"
+    name = broken_copy(synthetic_series, patches)
+    keep = tmp_path / "existing"
+    keep.mkdir()
+    (keep / "other.txt").write_text("not ours\n")
+    dest = keep / "new" / "deeper" / "ds"
+    proc = apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", patches)
+    refused(proc, E_PATCH, f"patch {name} (2 of 3) did not apply",
+            "deepspeed/runtime/zero/partitioned_param_coordinator.py")
+    # Only what this run created is gone: the new directories, not the pre-existing parent.
+    assert sorted(p.name for p in keep.iterdir()) == ["other.txt"]
+
+
+def test_failing_patch_restores_the_checkout(fork, synthetic_series, tmp_path):
+    repo, pinned = fork
+    patches = tmp_path / "broken"
+    name = broken_copy(synthetic_series, patches)
+    before = branches(repo)
+    proc = apply(VERSION, "--checkout", repo, "--patch-dir", patches, env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_PATCH, f"patch {name}", "did not apply")
+    assert branches(repo) == before
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == "work"
+    assert git(repo, "status", "--porcelain") == ""
+    assert not (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()
+
+
+def test_failed_force_keeps_the_previous_tree(tmp_path, sdist, synthetic_series):
+    dest = tmp_path / "ds"
+    ok(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", synthetic_series, "--patches", "1"))
+    head = git(dest, "rev-parse", "HEAD")
+    patches = tmp_path / "broken"
+    broken_copy(synthetic_series, patches)
+    refused(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", patches, "--force"), E_PATCH)
+    assert git(dest, "rev-parse", "HEAD") == head
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "ds"]
+
+
+def test_series_problems_are_refused(tmp_path, sdist, synthetic_series):
+    refused(apply(VERSION, "--sdist", sdist, "--dest", tmp_path / "a", "--patch-dir", synthetic_series, "--patches",
+                  "4"), E_SERIES, "has only 3 patches")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(apply(VERSION, "--sdist", sdist, "--dest", tmp_path / "b", "--patch-dir", empty), E_SERIES,
+            "no series file")
+    missing = tmp_path / "missing"
+    shutil.copytree(synthetic_series, missing)
+    (missing / series_of(missing)[0]).unlink()
+    refused(apply(VERSION, "--sdist", sdist, "--dest", tmp_path / "c", "--patch-dir", missing), E_SERIES,
+            "does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "missing"]
+
+
+@pytest.mark.parametrize("name", ["x; touch pwned", "$(touch pwned)", "`touch pwned`", "a' ; touch pwned ; '",
+                                  "-rf ; touch pwned"])
+def test_shell_metacharacters_are_inert(tmp_path, sdist, name):
+    proc = ok(apply(VERSION, "--pristine", "--sdist", sdist, "--dest", "./" + name, cwd=tmp_path))
+    assert printed_path(proc) == tmp_path / name
+    assert not (tmp_path / "pwned").exists()
+    assert (tmp_path / name / ".git").is_dir()
+
+
+@pytest.mark.parametrize("opt", ["--patches", "--branch", "--source"])
+def test_shell_metacharacters_in_options_are_refused(tmp_path, opt):
+    proc = apply(VERSION, opt, "1; touch pwned", cwd=tmp_path)
+    refused(proc, E_USAGE)
+    assert not (tmp_path / "pwned").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+def test_export_round_trip_is_byte_identical(tmp_path, sdist, series_dir):
+    dest = tmp_path / "ds"
+    ok(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", series_dir))
+    out = tmp_path / "exported"
+    ok(export("--tree", dest, "--out", out))
+    expected = sorted(p.name for p in series_dir.iterdir() if p.name == "series" or p.suffix == ".patch")
+    assert sorted(p.name for p in out.iterdir()) == expected
+    for name in expected:
+        assert (out / name).read_bytes() == (series_dir / name).read_bytes(), f"{name} differs"
+    cover = (out / "0000-cover-letter.patch").read_text()
+    assert f"\nbase-commit: {UPSTREAM}\n" in cover
+    assert base_of(dest) not in cover
+
+
+def test_export_from_git_checkout_matches_sdist_export(tmp_path, upstream_repo, synthetic_series):
+    # A tree built from git gives the same files as one built from the sdist (the base-commit
+    # line names the upstream commit either way; here the stand-in upstream's).
+    up, pinned = upstream_repo
+    env = clean_env(DEEPSPEED_GIT_URL=f"file://{up}", ZERO3_PINNED_BASES=str(pinned))
+    dest = tmp_path / "ds"
+    ok(apply(VERSION, "--source", "git", "--dest", dest, "--patch-dir", synthetic_series, env=env))
+    out = tmp_path / "exported"
+    ok(export("--tree", dest, "--out", out))
+    for name in series_of(synthetic_series):
+        assert (out / name).read_bytes() == (synthetic_series / name).read_bytes()
+
+
+def test_export_replaces_only_stale_patches(tmp_path, sdist, synthetic_series):
+    dest = tmp_path / "ds"
+    ok(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", synthetic_series, "--patches", "2"))
+    out = tmp_path / "out"
+    shutil.copytree(synthetic_series, out)
+    (out / "README").write_text("not a patch\n")
+    ok(export("--tree", dest, "--out", out))
+    assert series_of(out) == series_of(synthetic_series)[:2]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["README", "series", "0000-cover-letter.patch"] +
+                                                           series_of(synthetic_series)[:2])
+    assert "[PATCH 0/2]" in (out / "0000-cover-letter.patch").read_text()
