@@ -1,0 +1,318 @@
+"""Sphinx extension: pages built from generated inputs, never from hand-typed numbers.
+
+Measured results (benchmarks, bookkeeping counters, the test matrix) are produced by
+the project's scripts into ``docs/_generated/`` (config ``generated_dir``).  Pages pull
+them in with two directives; a missing or malformed input is a Sphinx error, so
+``sphinx-build -W`` fails and names the file and what produces it.
+
+``{generated} NAME``
+    Inserts ``_generated/NAME``: a ``.md`` file is parsed as MyST Markdown in place;
+    a ``.png``/``.svg`` file becomes an image (options ``:alt:``, ``:caption:``).
+    ``:producer:`` says what writes the file, for the error message.
+
+``{test-matrix} [NAME]``
+    Renders ``_generated/NAME`` (default ``test-matrix.json``), whose format is
+    documented in docs/_generated/README.md and checked by :func:`load_matrix`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List
+
+OUTCOMES = {
+    # outcome -> (text shown, css class)
+    "passed": ("pass", "outcome-pass"),
+    "failed": ("FAIL", "outcome-fail"),
+    "error": ("ERROR", "outcome-fail"),
+    "xfailed": ("xfail", "outcome-xfail"),
+    "xpassed": ("XPASS", "outcome-fail"),
+    "skipped": ("skip", "outcome-skip"),
+    "not-run": ("not run", "outcome-skip"),
+}
+SCHEMA = "zero3-test-matrix/1"
+
+
+class MatrixError(ValueError):
+    pass
+
+
+def load_matrix(text: str) -> Dict[str, Any]:
+    """Parse and validate a test-matrix file; raise MatrixError naming the first problem."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MatrixError(f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MatrixError("the top level must be an object")
+    if data.get("schema") != SCHEMA:
+        raise MatrixError(f"\"schema\" must be \"{SCHEMA}\", got {data.get('schema')!r}")
+    columns = data.get("columns")
+    if not isinstance(columns, list) or not columns:
+        raise MatrixError("\"columns\" must be a non-empty list of {\"key\", \"title\"} objects")
+    keys = []
+    for i, col in enumerate(columns):
+        if not isinstance(col, dict) or not isinstance(col.get("key"), str) or not isinstance(col.get("title"), str):
+            raise MatrixError(f"columns[{i}] must be an object with string \"key\" and \"title\"")
+        keys.append(col["key"])
+    if len(set(keys)) != len(keys):
+        raise MatrixError("column keys must be unique")
+    scenarios = data.get("scenarios")
+    if not isinstance(scenarios, list) or not scenarios:
+        raise MatrixError("\"scenarios\" must be a non-empty list")
+    for i, sc in enumerate(scenarios):
+        where = f"scenarios[{i}]"
+        if not isinstance(sc, dict):
+            raise MatrixError(f"{where} must be an object")
+        for key in ("id", "title", "checks"):
+            if not isinstance(sc.get(key), str) or not sc[key].strip():
+                raise MatrixError(f"{where}.{key} must be a non-empty string")
+        invs = sc.get("invariants", [])
+        if not isinstance(invs, list) or not all(isinstance(x, str) for x in invs):
+            raise MatrixError(f"{where}.invariants must be a list of ids such as \"I1\"")
+        results = sc.get("results")
+        if not isinstance(results, dict):
+            raise MatrixError(f"{where}.results must be an object keyed by column key")
+        for key in keys:
+            if key not in results:
+                raise MatrixError(f"{where} ({sc['id']}) has no result for column {key!r}")
+        for key, value in results.items():
+            if key not in keys:
+                raise MatrixError(f"{where}.results has unknown column {key!r}")
+            outcome = value.get("outcome") if isinstance(value, dict) else value
+            if outcome not in OUTCOMES:
+                raise MatrixError(f"{where}.results.{key}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+            if isinstance(value, dict) and not isinstance(value.get("detail", ""), str):
+                raise MatrixError(f"{where}.results.{key}.detail must be a string")
+    return data
+
+
+def read_series(patch_dir: Path) -> List[Dict[str, Any]]:
+    """The patches listed in ``patch_dir/series``: file, subject and the files each one touches."""
+    series = patch_dir / "series"
+    if not series.is_file():
+        raise MatrixError(f"{series} is missing")
+    patches = []
+    for raw in series.read_text(encoding="utf-8").splitlines():
+        name = raw.split("#", 1)[0].strip()
+        if not name:
+            continue
+        path = patch_dir / name
+        if not path.is_file():
+            raise MatrixError(f"{series} lists {name}, which does not exist")
+        subject, files, in_subject = "", [], False
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Subject:") and not subject:
+                subject, in_subject = line[len("Subject:"):].strip(), True
+                continue
+            if in_subject:
+                if line.startswith((" ", "\t")):  # a folded header line continues the subject
+                    subject += " " + line.strip()
+                    continue
+                in_subject = False
+            if line.startswith("diff --git "):
+                target = line.rsplit(" b/", 1)[-1]
+                files.append({"path": target, "new": False})
+            elif line.startswith("new file mode") and files:
+                files[-1]["new"] = True
+        # format-patch subjects start with "[PATCH n/m] "
+        if subject.startswith("["):
+            subject = subject.split("]", 1)[-1].strip()
+        patches.append({"file": name, "subject": subject, "files": files})
+    if not patches:
+        raise MatrixError(f"{series} lists no patch")
+    return patches
+
+
+def cell(value) -> Dict[str, str]:
+    """Normalise a result (a bare outcome string or {outcome, detail})."""
+    if isinstance(value, str):
+        return {"outcome": value, "detail": ""}
+    return {"outcome": value["outcome"], "detail": value.get("detail", "")}
+
+
+def setup(app):
+    from docutils import nodes
+    from docutils.parsers.rst import directives
+    from docutils.statemachine import StringList
+    from sphinx.util import logging
+    from sphinx.util.docutils import SphinxDirective
+
+    logger = logging.getLogger(__name__)
+
+    def generated_path(env, name: str) -> Path:
+        base = Path(env.config.generated_dir)
+        if not base.is_absolute():
+            base = Path(env.srcdir) / base
+        return base / name
+
+    def missing(directive, path: Path, producer: str):
+        rel = os.path.relpath(path, Path(directive.env.srcdir).parent)
+        how = f" It is produced by {producer}." if producer else ""
+        logger.error(f"generated input {rel} is missing.{how} See docs/_generated/README.md.",
+                     location=directive.get_location())
+        warning = nodes.admonition(classes=["error"])
+        warning += nodes.title(text="Missing generated input")
+        warning += nodes.paragraph(text=f"{rel} was not found when this page was built.{how}")
+        return [warning]
+
+    class GeneratedDirective(SphinxDirective):
+        required_arguments = 1
+        option_spec = {
+            "alt": directives.unchanged,
+            "caption": directives.unchanged,
+            "producer": directives.unchanged,
+            "width": directives.unchanged,
+        }
+
+        def run(self):
+            name = self.arguments[0]
+            path = generated_path(self.env, name)
+            producer = self.options.get("producer", "")
+            self.env.note_dependency(str(path))
+            if not path.is_file():
+                return missing(self, path, producer)
+            suffix = path.suffix.lower()
+            if suffix == ".md":
+                text = path.read_text(encoding="utf-8")
+                if not text.strip():
+                    logger.error(f"generated input {path} is empty", location=self.get_location())
+                    return []
+                box = nodes.container(classes=["generated"])
+                self.state.nested_parse(StringList(text.splitlines(), source=str(path)), 0, box)
+                return [box]
+            if suffix in (".png", ".svg"):
+                docdir = Path(self.env.doc2path(self.env.current_document.docname)).parent
+                image = nodes.image(uri=os.path.relpath(path, docdir).replace(os.sep, "/"),
+                                    alt=self.options.get("alt", name))
+                if "width" in self.options:
+                    image["width"] = self.options["width"]
+                if "caption" in self.options:
+                    figure = nodes.figure("", image)
+                    inodes, messages = self.parse_inline(self.options["caption"])
+                    figure += nodes.caption(self.options["caption"], "", *inodes)
+                    return [figure] + messages
+                return [image]
+            logger.error(f"{{generated}} cannot include {name}: only .md, .png and .svg files",
+                         location=self.get_location())
+            return []
+
+    class TestMatrixDirective(SphinxDirective):
+        optional_arguments = 1
+
+        def run(self):
+            from invariants import invariant_ref  # rendered as links to the RFC's invariants
+
+            name = self.arguments[0] if self.arguments else "test-matrix.json"
+            path = generated_path(self.env, name)
+            self.env.note_dependency(str(path))
+            if not path.is_file():
+                return missing(self, path, "the lead's results export (see docs/_generated/README.md)")
+            try:
+                data = load_matrix(path.read_text(encoding="utf-8"))
+            except MatrixError as exc:
+                logger.error(f"{path}: {exc}", location=self.get_location())
+                return []
+            columns = data["columns"]
+            result = []
+            meta = [data.get(k) for k in ("environment", "base", "series", "generated") if data.get(k)]
+            if meta:
+                para = nodes.paragraph(classes=["matrix-meta"])
+                para += nodes.Text("; ".join(str(m) for m in meta) + ".")
+                result.append(para)
+            table = nodes.table(classes=["test-matrix"])
+            group = nodes.tgroup(cols=3 + len(columns))
+            table += group
+            for width in [22, 34, 10] + [12] * len(columns):
+                group += nodes.colspec(colwidth=width)
+            head = nodes.thead()
+            group += head
+            row = nodes.row()
+            for title in ["Scenario", "What it checks", "Invariants"] + [c["title"] for c in columns]:
+                row += nodes.entry("", nodes.paragraph(text=title))
+            head += row
+            body = nodes.tbody()
+            group += body
+            for sc in data["scenarios"]:
+                row = nodes.row()
+                entry = nodes.entry()
+                para = nodes.paragraph()
+                para += nodes.strong(text=sc["title"])
+                entry += para
+                entry += nodes.paragraph("", "", nodes.literal(text=sc["id"]))
+                row += entry
+                row += nodes.entry("", nodes.paragraph(text=sc["checks"]))
+                entry = nodes.entry()
+                para = nodes.paragraph()
+                for i, inv in enumerate(sc.get("invariants", [])):
+                    if i:
+                        para += nodes.Text(", ")
+                    ref = invariant_ref(invariant=inv, docname=self.env.current_document.docname, lineno=self.lineno)
+                    ref += nodes.Text(inv)
+                    para += ref
+                entry += para
+                row += entry
+                for col in columns:
+                    value = cell(sc["results"][col["key"]])
+                    text, css = OUTCOMES[value["outcome"]]
+                    entry = nodes.entry(classes=[css])
+                    para = nodes.paragraph()
+                    para += nodes.inline(text=text, classes=["outcome", css])
+                    entry += para
+                    if value["detail"]:
+                        entry += nodes.paragraph(text=value["detail"], classes=["outcome-detail"])
+                    row += entry
+                body += row
+            result.append(table)
+            return result
+
+    class PatchSeriesDirective(SphinxDirective):
+        """A table of the patch series, read from patches/series and the patch files."""
+
+        def run(self):
+            base = Path(self.env.config.patches_dir)
+            if not base.is_absolute():
+                base = (Path(self.env.srcdir) / base).resolve()
+            self.env.note_dependency(str(base / "series"))
+            try:
+                patches = read_series(base)
+            except MatrixError as exc:
+                logger.error(f"patch series: {exc}", location=self.get_location())
+                return []
+            table = nodes.table(classes=["patch-series"])
+            group = nodes.tgroup(cols=3)
+            table += group
+            for width in (22, 38, 40):
+                group += nodes.colspec(colwidth=width)
+            head = nodes.thead()
+            row = nodes.row()
+            for title in ("Patch file", "Subject", "Files"):
+                row += nodes.entry("", nodes.paragraph(text=title))
+            head += row
+            group += head
+            body = nodes.tbody()
+            for patch in patches:
+                self.env.note_dependency(str(base / patch["file"]))
+                row = nodes.row()
+                row += nodes.entry("", nodes.paragraph("", "", nodes.literal(text=patch["file"])))
+                row += nodes.entry("", nodes.paragraph(text=patch["subject"]))
+                entry = nodes.entry()
+                for f in patch["files"]:
+                    para = nodes.paragraph()
+                    para += nodes.literal(text=f["path"])
+                    if f["new"]:
+                        para += nodes.Text(" (new)")
+                    entry += para
+                row += entry
+                body += row
+            group += body
+            return [table]
+
+    app.add_config_value("patches_dir", "../patches", "env")
+    app.add_directive("patch-series", PatchSeriesDirective)
+    app.add_config_value("generated_dir", "_generated", "env")
+    app.add_directive("generated", GeneratedDirective)
+    app.add_directive("test-matrix", TestMatrixDirective)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
