@@ -1,0 +1,440 @@
+"""The scenarios, one function each. They run on every rank of the pool and raise on failure.
+
+Each docstring names what pristine v0.19.2 does; tests/test_frozen_ckpt.py says which ones must
+fail there (regressions) and which must pass on both (guards).
+"""
+
+import functools
+
+import torch
+
+import deepspeed
+from deepspeed.runtime.zero import parameter_offload
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+from tests.scenarios import models
+from tests.scenarios.zero3 import (DTYPES, assert_forward_stack_clean, discard_aborted_backward, assert_grads_match, assert_quiescent, batch,
+                                   build, frozen_available, lifecycle_config, outstanding_releases, reference_grads,
+                                   skip_unless_dtype_supported, sync_reference, train)
+
+DIM = 8
+
+
+def _inputs(engine, *, dtype="fp32", requires_grad=True, shape=(2, DIM)):
+    return lambda step: (batch(step, shape, device=engine.device, dtype=DTYPES[dtype], requires_grad=requires_grad), )
+
+
+def _skip_or_none(dtype):
+    reason = skip_unless_dtype_supported(dtype)
+    return {"skipped": reason} if reason else None
+
+
+def frozen_norm(*, checkpointing="module", dtype="fp32", relu=False, depth=2, defaults=False, steps=2):
+    """Seed reproducer: frozen LayerNorm -> trainable Linear in checkpointed blocks.
+    v0.19.2: CheckpointError (recomputed shape [0]) in the first backward."""
+    skipped = _skip_or_none(dtype)
+    if skipped:
+        return skipped
+    config = lifecycle_config(dtype=dtype, defaults=defaults)
+    factory = functools.partial(models.frozen_norm_stack, DIM, depth, checkpointing, relu)
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine, dtype=dtype), steps=steps, exact=dtype == "fp32")
+    engine.destroy()
+    return result
+
+
+def lora(*, zero_init=False, checkpointing="module", dtype="fp32"):
+    """LoRA-shaped blocks: frozen norm and frozen base Linear, trainable A/B.
+    v0.19.2: CheckpointError."""
+    skipped = _skip_or_none(dtype)
+    if skipped:
+        return skipped
+    config = lifecycle_config(dtype=dtype)
+    factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config, zero_init=zero_init)
+    # DeepSpeed's linear (zero.Init) computes x @ w.t() + b rather than addmm: same maths, other rounding
+    result = train(engine, reference, _inputs(engine, dtype=dtype), exact=dtype == "fp32" and not zero_init)
+    engine.destroy()
+    return result
+
+
+def frozen_linear_weight(*, zero_init=True):
+    """A block whose only frozen parameters are Linear weights and biases (no norm).
+    Built under zero.Init, DeepSpeed's linear saves the weight itself: v0.19.2 crashes. A plain
+    nn.Linear saves a transposed view that survives partitioning: v0.19.2 works (guard)."""
+    config = lifecycle_config()
+
+    def factory():
+        stack = models.lora_stack(DIM, 2, "module")
+        for block in stack.blocks:
+            block.norm.requires_grad_(True)
+        return stack
+
+    engine, reference = build(factory, config, zero_init=zero_init)
+    result = train(engine, reference, _inputs(engine), exact=not zero_init)
+    engine.destroy()
+    return result
+
+
+def no_grad_input(*, checkpointing="module", gas=2, steps=2):
+    """The first block is fed an input that needs no grad (frozen embeddings in front of it), with
+    gradient accumulation: every micro-batch's backward must release everything by itself.
+    v0.19.2: the first block's trainable params stay gathered after backward (its post-backward
+    hook is never armed) and the available-parameter counter goes negative."""
+    config = lifecycle_config(gas=gas)
+    factory = functools.partial(models.scaled_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine, requires_grad=False), steps=steps, gas=gas)
+    engine.destroy()
+    return result
+
+
+def persistent_norms(*, checkpointing="module"):
+    """stage3_param_persistence_threshold makes exactly the norms persistent (the Linears have no
+    bias): they stay gathered from the first gather on, through the trace-recording first step too;
+    everything else is released after each backward. v0.19.2 partitions persistent params while it
+    records the trace, so the first step's recompute crashes."""
+    config = lifecycle_config(persistence=DIM)
+    factory = functools.partial(models.frozen_norm_stack, DIM, 2, checkpointing, bias=False)
+    engine, reference = build(factory, config)
+    norms = [p for name, p in engine.module.named_parameters() if ".norm." in name]
+    others = [p for name, p in engine.module.named_parameters() if ".norm." not in name]
+    assert norms and all(p.ds_persist for p in norms), "the norms should be persistent"
+    assert not any(p.ds_persist for p in others), "only the norms should be persistent"
+
+    def norms_resident(engine):
+        partitioned = [p.ds_id for p in norms if p.ds_status != ZeroParamStatus.AVAILABLE]
+        assert not partitioned, f"persistent norm params {partitioned} were partitioned"
+
+    result = train(engine, reference, _inputs(engine), after_forward=norms_resident, after_backward=norms_resident)
+    engine.destroy()
+    return result
+
+
+def z3_leaf_multi_output(*, checkpointing="module"):
+    """A z3 leaf module returning two tensors (its backward hooks fire from several autograd
+    threads). v0.19.2: CheckpointError."""
+    config = lifecycle_config()
+
+    def factory():
+        model = models.LeafModel(DIM, checkpointing)
+        deepspeed.utils.set_z3_leaf_modules(model, [models.TwoBranchLeaf])
+        return model
+
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def fast_sharding(*, checkpointing="module"):
+    """stage3_module_granularity_threshold makes the blocks z3 leaves with fast sharding, which
+    swaps a released param's data for a 1-element buffer. v0.19.2: CheckpointError."""
+    config = lifecycle_config(stage3_module_granularity_threshold=10**6)
+    factory = functools.partial(models.frozen_norm_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    leaves = [m for m in engine.module.modules() if getattr(m, "_z3_leaf", False)]
+    assert leaves, "the granularity threshold should have made some modules z3 leaves"
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def reentered_module(*, checkpointing="module"):
+    """One block applied three times per forward (a module invoked again before its backward).
+    v0.19.2: CheckpointError."""
+    config = lifecycle_config()
+    factory = functools.partial(models.frozen_norm_stack, DIM, 1, checkpointing, repeat=3)
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def forward_stack_bounded(*, steps=3):
+    """Non-reentrant early stop cuts the recompute short inside each block, so the recomputed
+    modules never pop themselves off FWD_MODULE_STACK. Fully trainable model, which v0.19.2 trains:
+    there, the stack grows by the interrupted modules every step."""
+    config = lifecycle_config()
+    factory = functools.partial(models.trainable_stack, DIM, 3, "module")
+    engine, reference = build(factory, config)
+    lengths = []
+
+    def stack_clean(engine):
+        lengths.append(len(parameter_offload.FWD_MODULE_STACK))
+        assert_forward_stack_clean(engine, f"after forward {len(lengths)}")
+
+    result = train(engine, reference, _inputs(engine), steps=steps, after_forward=stack_clean)
+    engine.destroy()
+    result["stack_lengths"] = lengths
+    return result
+
+
+def exception_in_recompute():
+    """The recompute raises in the middle of the block; then the same step is retried.
+    The retry must start clean (ledger empty, nothing gathered, stack bounded) and train exactly
+    like the reference. v0.19.2: the retry crashes with CheckpointError."""
+    config = lifecycle_config()
+    factory = lambda: models.Stack([models.FailingBlock(DIM) for _ in range(2)], DIM, "module")
+    engine, reference = build(factory, config)
+    make_inputs = _inputs(engine)
+
+    engine.module.blocks[1].fail_in_recompute = True
+    loss = engine(*make_inputs(0))
+    try:
+        engine.backward(loss)
+    except RuntimeError as error:
+        assert "injected failure during the recompute" in str(error), error
+    else:
+        raise AssertionError("the injected recompute failure did not surface")
+    engine.module.blocks[1].fail_in_recompute = False
+    discard_aborted_backward(engine)
+
+    def starts_clean(engine):
+        assert_forward_stack_clean(engine, "after the retried forward")
+        assert not outstanding_releases(engine), "the ledger should have been drained at the next forward"
+
+    result = train(engine, reference, make_inputs, steps=2, after_forward=starts_clean)
+    engine.destroy()
+    return result
+
+
+def exception_in_backward():
+    """A backward node raises after the block's recompute (with the frozen norm gathered for it);
+    the next step must start clean and train exactly like the reference. v0.19.2: CheckpointError
+    in the first backward already."""
+    config = lifecycle_config()
+    factory = lambda: models.Stack([models.FailInBackwardBlock(DIM) for _ in range(2)], DIM, "module")
+    engine, reference = build(factory, config)
+    make_inputs = _inputs(engine)
+
+    engine.module.blocks[0].armed[0] = True
+    loss = engine(*make_inputs(0))
+    try:
+        engine.backward(loss)
+    except RuntimeError as error:
+        assert "injected failure in backward" in str(error), error
+    else:
+        raise AssertionError("the injected backward failure did not surface")
+    engine.module.blocks[0].armed[0] = False
+    discard_aborted_backward(engine)
+
+    def starts_clean(engine):
+        assert not outstanding_releases(engine), "the ledger should have been drained at the next forward"
+        gathered = frozen_available(engine)
+        assert not gathered, f"frozen params left gathered by the failed backward: {gathered}"
+
+    result = train(engine, reference, make_inputs, steps=2, after_forward=starts_clean)
+    engine.destroy()
+    return result
+
+
+def several_forwards_one_backward():
+    """Two forwards, then one backward of the summed losses. v0.19.2: CheckpointError."""
+    config = lifecycle_config()
+    factory = functools.partial(models.frozen_norm_stack, DIM, 2, "module")
+    engine, reference = build(factory, config)
+    for step in range(2):
+        xs = [batch(2 * step + i, (2, DIM), device=engine.device) for i in range(2)]
+        loss = engine(xs[0]) + engine(xs[1])
+        engine.backward(loss)
+        # v0.19.2 resets a module's post-backward count at every forward, so the head, run twice
+        # before backward, is only released at the step (a known limitation, see the RFC); what
+        # the checkpoint recompute gathered is released in backward
+        assert not outstanding_releases(engine), "the ledger should be empty after backward"
+        assert not frozen_available(engine), f"frozen params gathered after backward: {frozen_available(engine)}"
+        reference.zero_grad()
+        (reference(xs[0].detach().requires_grad_()) + reference(xs[1].detach().requires_grad_())).backward()
+        assert_grads_match(engine, reference_grads(reference), exact=True)
+        engine.step()
+        sync_reference(engine, reference)
+        assert_quiescent(engine, f"after optimizer step {step}")
+    engine.destroy()
+    return {}
+
+
+def external_params(*, checkpointing="module"):
+    """A child returns its own frozen parameter, which ZeRO-3 registers as external to the parent.
+    v0.19.2: CheckpointError (the parent's frozen norm)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.external_param_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def reentrant_detached_frozen():
+    """use_reentrant=True with a frozen norm fed a detached tensor inside the region: nothing of
+    the norm is saved for backward, so it must be released, not kept. v0.19.2 works (guard); the
+    minimal coordinator skip leaves the norm gathered."""
+    config = lifecycle_config()
+
+    class DetachingBlock(models.NormLinear):
+
+        def __init__(self, dim):
+            super().__init__(dim)
+            self.norm.requires_grad_(False)
+
+        def forward(self, x):
+            return self.lin(x) + self.norm(x.detach())
+
+    factory = lambda: models.Stack([DetachingBlock(DIM) for _ in range(2)], DIM, "reentrant")
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def frozen_peak(*, checkpointing="module", depth=4):
+    """The most frozen parameters gathered at once during backward stays within one block
+    (2 = one norm's weight and bias). Observed from probes before and after every norm. v0.19.2:
+    CheckpointError for non-reentrant; 2 for reentrant (guard). The upstream 0.19.3 fix gathers
+    the whole frozen base (2 * depth) for function-level and reentrant checkpointing."""
+    config = lifecycle_config()
+    factory = functools.partial(models.frozen_norm_stack, DIM, depth, checkpointing, True)
+    engine, reference = build(factory, config)
+    peak = [0]
+    seen = []
+
+    def observe():
+        gathered = frozen_available(engine)
+        seen.append(gathered)
+        peak[0] = max(peak[0], len(gathered))
+
+    for block in engine.module.blocks:
+        block.observer = observe
+        block.inner_observer = observe
+    result = train(engine, reference, _inputs(engine), steps=2)
+    engine.destroy()
+    assert seen, "the probes never ran"
+    assert peak[0] <= 2, f"{peak[0]} frozen params gathered at once in backward (one block has 2): {max(seen, key=len)}"
+    result["frozen_peak"] = peak[0]
+    return result
+
+
+def prompt_release(*, checkpointing="module"):
+    """Right after its consumer's backward (LayerNormBackward), a frozen norm weight is released:
+    a probe placed just before the norm runs next in backward and sees it partitioned.
+    v0.19.2: CheckpointError."""
+    config = lifecycle_config()
+    factory = functools.partial(models.frozen_norm_stack, DIM, 2, checkpointing, True)
+    engine, reference = build(factory, config)
+    observations = []
+
+    def make_observer(block):
+
+        def observe():
+            observations.append((block.norm.weight.ds_status, block.norm.bias.ds_status))
+
+        return observe
+
+    for block in engine.module.blocks:
+        block.observer = make_observer(block)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    assert observations, "the probes never ran"
+    late = [o for o in observations if o != (ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.NOT_AVAILABLE)]
+    assert not late, f"frozen norm params still gathered right after their last backward use: {late}"
+    result["observations"] = len(observations)
+    return result
+
+
+def no_backward_consumer(*, checkpointing="module"):
+    """A frozen embedding looked up by ids inside a checkpointed block has no backward consumer:
+    it must be released as soon as its recompute use ends, i.e. it is already partitioned when the
+    block's Linear has finished its backward. v0.19.2 does that too (guard)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.EmbeddingModel, 16, DIM, checkpointing)
+    engine, reference = build(factory, config)
+    observations = []
+    engine.module.block.observer = lambda: observations.append(engine.module.block.embed.weight.ds_status)
+
+    def make_inputs(step):
+        ids = torch.randint(0, 16, (2, ), generator=torch.Generator().manual_seed(step)).to(engine.device)
+        return ids, batch(step, (2, DIM), device=engine.device)
+
+    result = train(engine, reference, make_inputs)
+    engine.destroy()
+    assert observations, "the probe never ran"
+    assert all(s == ZeroParamStatus.NOT_AVAILABLE for s in observations), (
+        f"the frozen embedding was still gathered during backward: {observations}")
+    return result
+
+
+def count_all_gathers(engine):
+    """Wraps every ZeRO param's gather entry points; returns a dict of gathered numel counters."""
+    counts = {"frozen": 0, "trainable": 0}
+
+    def wrap(param, name):
+        original = getattr(param, name)
+
+        def counted(*args, **kwargs):
+            params = args[0] if name == "all_gather_coalesced" and args else [param]
+            for p in params:
+                if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
+                    counts["trainable" if p.requires_grad else "frozen"] += p.ds_numel
+            return original(*args, **kwargs)
+
+        setattr(param, name, counted)
+
+    for param in engine.module.parameters():
+        wrap(param, "all_gather_coalesced")
+        wrap(param, "all_gather")
+    return counts
+
+
+def all_gather_volume(*, steps=3):
+    """Frozen-param all-gather volume per step with non-reentrant checkpointing equals the volume
+    without checkpointing: the recompute's gather is reused by the module's backward.
+    v0.19.2: CheckpointError."""
+    volumes = {}
+    for checkpointing in ("none", "module"):
+        config = lifecycle_config()
+        factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
+        engine, reference = build(factory, config)
+        counts = count_all_gathers(engine)
+        per_step = []
+
+        def snapshot(engine):
+            per_step.append(dict(counts))
+
+        train(engine, reference, _inputs(engine), steps=steps, after_backward=snapshot)
+        engine.destroy()
+        deltas = [{k: b[k] - a[k] for k in b} for a, b in zip([{"frozen": 0, "trainable": 0}] + per_step, per_step)]
+        volumes[checkpointing] = deltas
+    for step in range(1, steps):  # step 0 records the trace
+        frozen_ckpt = volumes["module"][step]["frozen"]
+        frozen_plain = volumes["none"][step]["frozen"]
+        assert frozen_ckpt == frozen_plain, (f"step {step}: checkpointing all-gathered {frozen_ckpt} frozen "
+                                             f"elements, without checkpointing {frozen_plain}")
+    return volumes
+
+
+def full_finetune(*, checkpointing="module"):
+    """No frozen params at all: trains exactly like the reference and releases everything after
+    each backward, as v0.19.2 does (guard)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    result = train(engine, reference, _inputs(engine))
+    engine.destroy()
+    return result
+
+
+def eval_forward():
+    """An eval forward under no_grad between training steps gathers and releases as before and
+    leaves nothing behind (guard: fully trainable model, which v0.19.2 trains)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.trainable_stack, DIM, 2, "module")
+    engine, reference = build(factory, config)
+    make_inputs = _inputs(engine)
+    result = train(engine, reference, make_inputs, steps=1)
+    engine.eval()
+    with torch.no_grad():
+        engine(*make_inputs(99))
+    assert_quiescent(engine, "after an eval forward")
+    engine.train()
+    result = train(engine, reference, make_inputs, steps=1)
+    engine.destroy()
+    return result

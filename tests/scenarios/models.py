@@ -1,0 +1,278 @@
+"""Small models that put frozen parameters where ZeRO-3 + activation checkpointing trips over them.
+
+Every model takes ``checkpointing``: "none", "module" (non-reentrant, the checkpointed callable is
+the block module), "function" (non-reentrant, a plain function calls the block), or "reentrant".
+"""
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+CHECKPOINTING = ("none", "module", "function", "reentrant")
+
+
+def run_checkpointed(block, checkpointing, *args):
+    if checkpointing == "none":
+        return block(*args)
+    if checkpointing == "module":
+        return checkpoint(block, *args, use_reentrant=False)
+    if checkpointing == "function":
+        return checkpoint(lambda *a: block(*a), *args, use_reentrant=False)
+    if checkpointing == "reentrant":
+        return checkpoint(block, *args, use_reentrant=True)
+    raise ValueError(f"unknown checkpointing mode {checkpointing!r}; expected one of {CHECKPOINTING}")
+
+
+class Probe(torch.autograd.Function):
+    """Identity whose backward calls ``observer``: it runs right after the backward of whatever
+    consumed the probe's output, which makes parameter states observable mid-backward."""
+
+    @staticmethod
+    def forward(ctx, x, observer):
+        ctx.observer = observer
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.observer()
+        return grad, None
+
+
+def probe(x, observer):
+    return Probe.apply(x, observer) if observer is not None else x
+
+
+class NormLinear(torch.nn.Module):
+    """The seed reproducer's block: LayerNorm (frozen by the caller) -> Linear, optional relu tail
+    (an op that saves its output, so the recompute runs to the end of the block)."""
+
+    def __init__(self, dim, relu=False, bias=True):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.lin = torch.nn.Linear(dim, dim, bias=bias)
+        self.relu = relu
+        self.observer = None  # called in backward right after the norm's backward
+        self.inner_observer = None  # called in backward between the Linear's and the norm's backward
+
+    def forward(self, x):
+        x = self.norm(probe(x, self.observer))
+        x = self.lin(probe(x, self.inner_observer))
+        return torch.relu(x) if self.relu else x
+
+
+class LoRALinear(torch.nn.Module):
+    """A frozen base projection plus a trainable low-rank update, the shape PEFT gives LoRA."""
+
+    def __init__(self, dim, rank=2):
+        super().__init__()
+        self.base = torch.nn.Linear(dim, dim)
+        self.lora_a = torch.nn.Linear(dim, rank, bias=False)
+        self.lora_b = torch.nn.Linear(rank, dim, bias=False)
+        self.base.requires_grad_(False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+
+class LoRABlock(torch.nn.Module):
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.proj = LoRALinear(dim)
+        self.norm.requires_grad_(False)
+
+    def forward(self, x):
+        return torch.relu(self.proj(self.norm(x)))
+
+
+class ScaledLinear(torch.nn.Module):
+    """A trainable projection followed by a frozen per-channel scale: fed an input that needs no
+    grad, its output still needs grad, and the multiply saves the frozen scale itself."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+        self.scale = torch.nn.Parameter(torch.rand(dim) + 0.5, requires_grad=False)
+
+    def forward(self, x):
+        return (x @ self.weight.t()) * self.scale
+
+
+class ScaledBlock(torch.nn.Module):
+
+    def __init__(self, dim):
+        super().__init__()
+        self.scaled = ScaledLinear(dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.lin = torch.nn.Linear(dim, dim)
+        self.norm.requires_grad_(False)
+
+    def forward(self, x):
+        return self.lin(self.norm(self.scaled(x)))
+
+
+class Stack(torch.nn.Module):
+    """Blocks applied in sequence, each under ``checkpointing``, then a trainable head."""
+
+    def __init__(self, blocks, dim, checkpointing="module", repeat=1, bias=True):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(blocks)
+        self.head = torch.nn.Linear(dim, 2, bias=bias)
+        self.checkpointing = checkpointing
+        self.repeat = repeat  # > 1: every block runs again before its backward (a re-entered module)
+
+    def forward(self, x):
+        for _ in range(self.repeat):
+            for block in self.blocks:
+                x = run_checkpointed(block, self.checkpointing, x)
+        return self.head(x).pow(2).mean()
+
+
+def frozen_norm_stack(dim=8, depth=2, checkpointing="module", relu=False, repeat=1, bias=True):
+    blocks = [NormLinear(dim, relu=relu, bias=bias) for _ in range(depth)]
+    for block in blocks:
+        block.norm.requires_grad_(False)
+    return Stack(blocks, dim, checkpointing, repeat=repeat, bias=bias)
+
+
+def trainable_stack(dim=8, depth=2, checkpointing="module"):
+    return Stack([NormLinear(dim) for _ in range(depth)], dim, checkpointing)
+
+
+def lora_stack(dim=8, depth=2, checkpointing="module"):
+    return Stack([LoRABlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
+def scaled_stack(dim=8, depth=2, checkpointing="module"):
+    return Stack([ScaledBlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
+class EmbeddingBlock(torch.nn.Module):
+    """A frozen embedding looked up by token ids inside a checkpointed block: its weight has no
+    backward consumer at all."""
+
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.lin = torch.nn.Linear(dim, dim)
+        self.embed.requires_grad_(False)
+        self.observer = None  # called in backward right after the Linear's backward
+
+    def forward(self, ids, x):
+        return probe(self.lin(x + self.embed(ids)), self.observer)
+
+
+class EmbeddingModel(torch.nn.Module):
+
+    def __init__(self, vocab=16, dim=8, checkpointing="module"):
+        super().__init__()
+        self.block = EmbeddingBlock(vocab, dim)
+        self.head = torch.nn.Linear(dim, 1)
+        self.checkpointing = checkpointing
+
+    def forward(self, ids, x):
+        return self.head(run_checkpointed(self.block, self.checkpointing, ids, x)).pow(2).mean()
+
+
+class TwoBranchLeaf(torch.nn.Module):
+    """A multi-output module (MoE-style) meant to be a z3 leaf: its backward hooks fire once per
+    output, from several autograd threads."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm_a = torch.nn.LayerNorm(dim)
+        self.norm_b = torch.nn.LayerNorm(dim)
+        self.lin_a = torch.nn.Linear(dim, dim)
+        self.lin_b = torch.nn.Linear(dim, dim)
+        self.norm_a.requires_grad_(False)
+        self.norm_b.requires_grad_(False)
+
+    def forward(self, x):
+        return self.lin_a(self.norm_a(x)), self.lin_b(self.norm_b(x))
+
+
+class LeafModel(torch.nn.Module):
+
+    def __init__(self, dim=8, checkpointing="module"):
+        super().__init__()
+        self.leaf = TwoBranchLeaf(dim)
+        self.head = torch.nn.Linear(dim, 1)
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        a, b = run_checkpointed(self.leaf, self.checkpointing, x)
+        return self.head(a * b).pow(2).mean()
+
+
+class ReturnsOwnScale(torch.nn.Module):
+    """Returns its frozen parameter to the caller: ZeRO-3 registers it as an external parameter of
+    the parent."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.scale = torch.nn.Parameter(torch.rand(dim) + 0.5, requires_grad=False)
+
+    def forward(self, x):
+        return self.lin(x), self.scale
+
+
+class ExternalParamBlock(torch.nn.Module):
+
+    def __init__(self, dim):
+        super().__init__()
+        self.inner = ReturnsOwnScale(dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.norm.requires_grad_(False)
+
+    def forward(self, x):
+        y, scale = self.inner(x)
+        return self.norm(y * scale)
+
+
+def external_param_stack(dim=8, depth=2, checkpointing="module"):
+    return Stack([ExternalParamBlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
+class FailingBlock(NormLinear):
+    """Raises from its forward when ``fail_in_recompute`` is set and the forward is a recompute."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.norm.requires_grad_(False)
+        self.fail_in_recompute = False
+
+    def forward(self, x):
+        if self.fail_in_recompute and torch._C._current_graph_task_id() != -1:
+            raise RuntimeError("injected failure during the recompute")
+        return super().forward(x)
+
+
+class FailOnceBackward(torch.autograd.Function):
+    """Identity whose backward raises while ``armed[0]`` is set."""
+
+    @staticmethod
+    def forward(ctx, x, armed):
+        ctx.armed = armed
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.armed[0]:
+            raise RuntimeError("injected failure in backward")
+        return grad, None
+
+
+class FailInBackwardBlock(NormLinear):
+    """Raises in backward after the block's recompute, while ``armed[0]`` is set."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.norm.requires_grad_(False)
+        self.armed = [False]
+
+    def forward(self, x):
+        # the failing node sits between norm and lin: lin's backward has triggered the recompute
+        # and the norm is gathered and deferred when it raises
+        x = FailOnceBackward.apply(self.norm(x), self.armed)
+        return self.lin(x)

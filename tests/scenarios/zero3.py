@@ -1,0 +1,249 @@
+"""What every ZeRO-3 scenario shares: the engine, the reference model, and the lifecycle checks.
+
+The checks read DeepSpeed's own bookkeeping. Where the patched tree adds state (the deferred-
+release ledger, post-backward triggers), they read it with a default, so the same checks run on a
+pristine v0.19.2 tree, where that state does not exist.
+"""
+
+import copy
+
+import torch
+
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.zero import parameter_offload
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from deepspeed.utils import safe_get_full_grad
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def skip_unless_dtype_supported(dtype):
+    """Returns a reason to skip, or None."""
+    accelerator = get_accelerator()
+    if dtype == "fp16" and not accelerator.is_fp16_supported():
+        return f"fp16 is not supported by the {accelerator.device_name()} accelerator"
+    if dtype == "bf16" and not accelerator.is_bf16_supported():
+        return f"bf16 is not supported by the {accelerator.device_name()} accelerator"
+    return None
+
+
+def lifecycle_config(*, gas=1, dtype="fp32", persistence=0, defaults=False, micro_batch=2, **zero_overrides):
+    """A ZeRO-3 config that releases every parameter as soon as ZeRO-3 can.
+
+    DeepSpeed's default reuse distance and prefetch bucket keep a small model gathered from the
+    second step on, which hides release bugs; ``defaults=True`` keeps DeepSpeed's defaults.
+    """
+    zero = {"stage": 3}
+    if not defaults:
+        zero.update(stage3_prefetch_bucket_size=0,
+                    stage3_max_reuse_distance=0,
+                    stage3_param_persistence_threshold=persistence)
+    zero.update(zero_overrides)
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": "Adam",
+            "params": {
+                "lr": 1e-2,
+                "torch_adam": True
+            }
+        },
+        "zero_optimization": zero,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return config
+
+
+def build(factory, config, *, zero_init=False, seed=1234):
+    """Returns (ZeRO-3 engine, reference torch model) built from the same seed.
+
+    With ``zero_init`` the ZeRO model is constructed under ``deepspeed.zero.Init``, which also
+    swaps ``F.linear`` for DeepSpeed's own linear function (it saves the weight itself).
+    """
+    torch.manual_seed(seed)
+    reference = factory()
+    torch.manual_seed(seed)
+    if zero_init:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = factory()
+    else:
+        model = factory()
+    engine = initialize(model, config)
+    dtype = DTYPES[dtype_of(config)]
+    reference = reference.to(device=engine.device, dtype=dtype)
+    return engine, reference
+
+
+def initialize(model, config):
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
+    coordinator = coordinator_of(engine)
+    # outstanding releases at the end of backward or at the step are errors in tests
+    coordinator.strict_release_checks = True
+    return engine
+
+
+def dtype_of(config):
+    if config.get("bf16", {}).get("enabled"):
+        return "bf16"
+    if config.get("fp16", {}).get("enabled"):
+        return "fp16"
+    return "fp32"
+
+
+def offload_of(engine):
+    return engine.optimizer.parameter_offload
+
+
+def coordinator_of(engine):
+    return offload_of(engine).get_param_coordinator()
+
+
+def outstanding_releases(engine):
+    """The deferred-release ledger's entries (none exist on a pristine tree)."""
+    ledger = getattr(coordinator_of(engine), "outstanding_releases", None)
+    return ledger() if ledger is not None else []
+
+
+def available_numel_counter(engine):
+    return coordinator_of(engine)._PartitionedParameterCoordinator__n_available_params
+
+
+def lifecycle_violations(engine):
+    """Invariant I1 (quiescence), as a list of human-readable violations."""
+    problems = []
+    for name, param in engine.module.named_parameters():
+        if param.ds_persist or param.is_external_param:
+            continue
+        if param.ds_status != ZeroParamStatus.NOT_AVAILABLE:
+            problems.append(f"{name} is {param.ds_status.name} (requires_grad={param.requires_grad}, "
+                            f"active modules {sorted(param.ds_active_sub_modules)})")
+        elif param.ds_active_sub_modules:
+            problems.append(f"{name} is partitioned but still claimed by modules "
+                            f"{sorted(param.ds_active_sub_modules)}")
+    for deferral in outstanding_releases(engine):
+        problems.append(f"ledger still owes a release: {deferral}")
+    triggers = getattr(offload_of(engine), "_post_backward_triggers", {})
+    if triggers:
+        problems.append(f"{len(triggers)} post-backward trigger(s) still armed")
+    counter = available_numel_counter(engine)
+    if counter < 0:
+        problems.append(f"available-parameter counter is negative: {counter}")
+    return problems
+
+
+def assert_quiescent(engine, when):
+    problems = lifecycle_violations(engine)
+    assert not problems, f"ZeRO-3 state is not quiescent {when}:\n  " + "\n  ".join(problems)
+
+
+def assert_forward_stack_clean(engine, when):
+    """After a completed root forward only the entry pushed at setup may remain (invariant I8)."""
+    own = set(id(m) for m in engine.module.modules())
+    stale = [type(m).__name__ for m in parameter_offload.FWD_MODULE_STACK if id(m) in own][1:]
+    assert not stale, f"FWD_MODULE_STACK holds {len(stale)} stale entries {when}: {stale}"
+
+
+def frozen_available(engine):
+    """Names of frozen, non-persistent parameters that are gathered right now."""
+    return sorted(name for name, p in engine.module.named_parameters()
+                  if not p.requires_grad and not p.ds_persist and p.ds_status == ZeroParamStatus.AVAILABLE)
+
+
+def batch(step, shape, *, device, dtype=torch.float32, requires_grad=True):
+    """The same micro-batch on every rank, so ZeRO's data-parallel average of the gradients is
+    exactly the single-process gradient."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+    return x.requires_grad_(requires_grad)
+
+
+def reference_grads(reference):
+    return {name: p.grad.detach().clone() for name, p in reference.named_parameters() if p.grad is not None}
+
+
+def assert_grads_match(engine, reference_grads_by_name, *, exact):
+    """Compares ZeRO-3's full gradients with the reference's (after the last micro-batch)."""
+    checked = 0
+    for name, param in engine.module.named_parameters():
+        if not param.requires_grad:
+            continue
+        grad = safe_get_full_grad(param)
+        expected = reference_grads_by_name.get(name)
+        assert grad is not None, f"{name}: ZeRO-3 produced no gradient"
+        assert expected is not None, f"{name}: the reference produced no gradient"
+        grad = grad.float().cpu()
+        expected = expected.float().cpu()
+        if exact:
+            assert torch.equal(grad, expected), (f"{name}: gradient differs from the reference, max abs diff "
+                                                 f"{(grad - expected).abs().max().item():.3e}")
+        else:
+            torch.testing.assert_close(grad, expected, rtol=5e-2, atol=5e-3, msg=lambda m: f"{name}: {m}")
+        checked += 1
+    assert checked, "no trainable parameter was checked"
+    return checked
+
+
+def discard_aborted_backward(engine):
+    """Drops the gradients an aborted backward left queued in ZeRO-3's optimizer.
+
+    Recovering the optimizer after an exception in backward is DeepSpeed #8245, not this series
+    (which covers the parameter lifecycle); the fault scenarios do it by hand so that they can
+    check that the next step's gradients are exact.
+    """
+    for bucket in engine.optimizer.ipg_buckets.values():
+        bucket.clear_params()
+    # set_to_none=True calls record_stream, which CPU tensors do not support
+    engine.optimizer.zero_grad(set_to_none=False)
+
+
+def sync_reference(engine, reference):
+    """Copies ZeRO-3's parameters into the reference after an optimizer step.
+
+    Two Adam implementations round differently, so without this the second step's gradients
+    would differ by the optimizers, which are not under test; with it, every step's gradients are
+    compared exactly.
+    """
+    params = dict(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values())), torch.no_grad():
+        for name, ref_param in reference.named_parameters():
+            ref_param.copy_(params[name].data.to(ref_param.dtype))
+
+
+def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_backward=None, after_forward=None):
+    """Trains ZeRO-3 and the reference side by side on identical micro-batches.
+
+    Checks after every backward: quiescence (I1); after the last micro-batch of each step: the
+    gradients, against the reference's. Returns the losses of both.
+    """
+    losses, reference_losses = [], []
+    for step in range(steps):
+        reference.zero_grad()
+        for micro in range(gas):
+            inputs = make_inputs(step * gas + micro)
+            loss = engine(*inputs)
+            if after_forward is not None:
+                after_forward(engine)
+            engine.backward(loss)
+            assert_quiescent(engine, f"after backward of step {step}, micro-batch {micro}")
+            if after_backward is not None:
+                after_backward(engine)
+
+            ref_inputs = [t.detach().clone().requires_grad_(t.requires_grad) if t.is_floating_point() else t
+                          for t in inputs]
+            ref_loss = reference(*ref_inputs)
+            (ref_loss / gas).backward()
+            losses.append(loss.item())
+            reference_losses.append(ref_loss.item())
+            if micro == gas - 1:
+                assert_grads_match(engine, reference_grads(reference), exact=exact)
+            # DeepSpeed steps after every micro-batch and updates only at the accumulation boundary
+            engine.step()
+        sync_reference(engine, reference)
+        assert_quiescent(engine, f"after optimizer step {step}")
+    return {"losses": losses, "reference_losses": reference_losses}
