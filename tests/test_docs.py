@@ -1,0 +1,531 @@
+"""Tests of the documentation site: its Sphinx extensions, the built pages, and their links.
+
+The unit tests of the extensions' collection logic need only the standard library.  The
+build tests need Sphinx (docs/requirements.txt; the tox env ``docs`` has it) and are
+skipped without it.  Where Sphinx is installed they also need Graphviz's ``dot`` and, for
+the rendered-page check, Debian's headless ``chromium``: outside CI a missing one skips
+those tests, in CI (env CI=true) it fails them with the command that installs it.
+
+Environment knobs for development:
+  DOCS_BUILD_DIR    use an existing HTML build (e.g. docs/_build/html from tox -e docs)
+                    instead of building into a temporary directory.
+  DOCS_SPHINX_ARGS  extra sphinx-build arguments, e.g. "-D generated_dir=/tmp/gen".
+"""
+
+import html.parser
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+RFC = ROOT / "rfc" / "zero3-parameter-lifecycle.md"
+sys.path.insert(0, str(DOCS / "_ext"))
+
+import invariant_scan  # noqa: E402
+import sequence  # noqa: E402
+from generated import MatrixError, load_matrix, read_series  # noqa: E402
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need(condition, what, install):
+    """Skip when a tool is missing on a developer machine; fail in CI, saying how to install it."""
+    if condition:
+        return
+    message = f"{what} is not available; install it with: {install}"
+    if IN_CI:
+        pytest.fail(message + " (.ci/run must do this)")
+    pytest.skip(message)
+
+
+def have_sphinx():
+    try:
+        import sphinx  # noqa: F401
+        import myst_parser  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def need_sphinx():
+    # Sphinx is a property of the environment running the tests (tox -e docs installs
+    # docs/requirements.txt; the CPU and GPU envs do not), so its absence always skips.
+    if not have_sphinx():
+        pytest.skip("Sphinx/myst-parser not installed: run these tests with tox -e docs "
+                    "(or pip install -r docs/requirements.txt)")
+
+
+# --------------------------------------------------------------------------- invariant scan
+
+
+def test_scan_function_method_class_and_module_markers():
+    source = textwrap.dedent('''
+        import pytest
+        from pytest import mark
+
+        pytestmark = [pytest.mark.slow, pytest.mark.invariants("I9")]
+
+        @pytest.mark.invariants("I1", "I2", "I1")
+        def test_plain():
+            pass
+
+        @mark.invariants("I3")
+        def test_bare_mark():
+            pass
+
+        @pytest.mark.parametrize("x", [1])
+        @pytest.mark.invariants("I4")
+        class TestGroup:
+            pytestmark = pytest.mark.invariants("I5")
+
+            @pytest.mark.invariants("I6")
+            def test_method(self, x):
+                pass
+
+            def test_unmarked(self):
+                pass
+
+        def test_unmarked():
+            "pytest.mark.invariants('I7') in a string is not a marker"
+    ''')
+    result = invariant_scan.scan_source(source, "tests/scenarios/test_x.py")
+    assert result.problems == []
+    got = {(c.test, c.invariants) for c in result.claims}
+    assert got == {
+        ("tests/scenarios/test_x.py", ("I9",)),
+        ("tests/scenarios/test_x.py::test_plain", ("I1", "I2")),
+        ("tests/scenarios/test_x.py::test_bare_mark", ("I3",)),
+        ("tests/scenarios/test_x.py::TestGroup", ("I4",)),
+        ("tests/scenarios/test_x.py::TestGroup", ("I5",)),
+        ("tests/scenarios/test_x.py::TestGroup::test_method", ("I6",)),
+    }
+    plain = next(c for c in result.claims if c.test.endswith("::test_plain"))
+    assert plain.lineno == 7 and plain.origin == "tests/scenarios/test_x.py"
+    assert set(result.by_invariant()) == {"I1", "I2", "I3", "I4", "I5", "I6", "I9"}
+
+
+@pytest.mark.parametrize(
+    "decorator, message",
+    [
+        ("@pytest.mark.invariants(INV)", "string literals"),
+        ("@pytest.mark.invariants()", "names no invariant"),
+        ("@pytest.mark.invariants('X1')", "is not an invariant id"),
+        ("@pytest.mark.invariants('I0')", "is not an invariant id"),
+        ("@pytest.mark.invariants(ids='I1')", "positional"),
+    ],
+)
+def test_scan_rejects_malformed_markers(decorator, message):
+    source = f"import pytest\nINV = 'I1'\n{decorator}\ndef test_a():\n    pass\n"
+    result = invariant_scan.scan_source(source, "tests/test_a.py")
+    assert result.claims == []
+    assert len(result.problems) == 1 and message in result.problems[0].message
+    assert result.problems[0].lineno == 3
+
+
+def test_scan_rejects_markers_on_things_pytest_does_not_collect():
+    source = textwrap.dedent('''
+        import pytest
+        @pytest.mark.invariants("I1")
+        def helper():
+            pass
+        @pytest.mark.invariants("I2")
+        class Helper:
+            pass
+    ''')
+    result = invariant_scan.scan_source(source, "tests/test_a.py")
+    assert result.claims == []
+    assert [p.lineno for p in result.problems] == [3, 6]
+
+
+def test_scan_reports_syntax_errors():
+    result = invariant_scan.scan_source("def test_a(:\n", "tests/test_bad.py")
+    assert result.claims == [] and "cannot parse" in result.problems[0].message
+
+
+PATCH = textwrap.dedent('''\
+    From 0123456789abcdef Mon Sep 17 00:00:00 2001
+    From: The maintainers <m@example.invalid>
+    Subject: [PATCH 4/4] tests: ZeRO-3 frozen params under checkpointing
+
+    ---
+     tests/unit/v1/zero/test_zero3_frozen_checkpoint.py | 9 +++++++++
+     deepspeed/runtime/zero/x.py | 2 +-
+    diff --git a/deepspeed/runtime/zero/x.py b/deepspeed/runtime/zero/x.py
+    index 1111111..2222222 100644
+    --- a/deepspeed/runtime/zero/x.py
+    +++ b/deepspeed/runtime/zero/x.py
+    @@ -1,2 +1,2 @@
+     keep = 1
+    -old = 2
+    +new = 2
+    diff --git a/tests/unit/v1/zero/test_zero3_frozen_checkpoint.py b/tests/unit/v1/zero/test_zero3_frozen_checkpoint.py
+    new file mode 100644
+    index 0000000..3333333
+    --- /dev/null
+    +++ b/tests/unit/v1/zero/test_zero3_frozen_checkpoint.py
+    @@ -0,0 +1,9 @@
+    +import pytest
+    +from unit.common import DistributedTest
+    +
+    +
+    +@pytest.mark.invariants("I1", "I2")
+    +class TestFrozen(DistributedTest):
+    +    @pytest.mark.invariants("I5")
+    +    def test_no_grad_input(self):
+    +        pass
+    --
+    2.39.5
+''')
+
+
+def test_scan_patch_reads_the_test_files_a_patch_adds():
+    result = invariant_scan.scan_patch(PATCH, "patches/0004-tests.patch")
+    assert result.problems == []
+    path = "tests/unit/v1/zero/test_zero3_frozen_checkpoint.py"
+    assert [(c.test, c.invariants, c.origin, c.lineno) for c in result.claims] == [
+        (f"{path}::TestFrozen", ("I1", "I2"), "patches/0004-tests.patch", 26),
+        (f"{path}::TestFrozen::test_no_grad_input", ("I5",), "patches/0004-tests.patch", 28),
+    ]
+    assert PATCH.splitlines()[26 - 1] == '+@pytest.mark.invariants("I1", "I2")'
+
+
+def test_scan_patch_refuses_markers_it_cannot_read():
+    patch = PATCH.replace("+++ b/deepspeed/runtime/zero/x.py", "+++ b/tests/unit/test_old.py").replace(
+        "+new = 2", '+@pytest.mark.invariants("I3")')
+    result = invariant_scan.scan_patch(patch, "patches/0004-tests.patch")
+    assert any("changed (not new) file" in p.message for p in result.problems)
+
+
+def test_scan_tree_and_check(tmp_path):
+    (tmp_path / "tests" / "sub").mkdir(parents=True)
+    (tmp_path / "tests" / "sub" / "test_a.py").write_text(
+        'import pytest\n@pytest.mark.invariants("I1", "I13")\ndef test_a():\n    pass\n')
+    (tmp_path / "tests" / "__pycache__").mkdir()
+    (tmp_path / "tests" / "__pycache__" / "test_a.py").write_text('@pytest.mark.invariants("I99")\ndef test_x(): 0\n')
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches" / "0004-tests.patch").write_text(PATCH)
+    (tmp_path / "patches" / "series").write_text("0004-tests.patch\n")
+    result = invariant_scan.scan_tree(tmp_path, ["tests/**/*.py"], ["patches/[0-9]*.patch"])
+    assert sorted({c.origin for c in result.claims}) == ["patches/0004-tests.patch", "tests/sub/test_a.py"]
+
+    problems = invariant_scan.check(["I1", "I2", "I3", "I5"], result)
+    messages = [p.message for p in problems]
+    assert any("claims unknown invariant(s) I13" in m for m in messages)
+    assert any(m.startswith("invariant I3 has no test") for m in messages)
+    assert len(messages) == 2
+    relaxed = invariant_scan.check(["I1", "I2", "I3", "I5"], result, require_tests=False)
+    assert [p.message for p in relaxed] == [m for m in messages if "unknown" in m]
+
+
+# --------------------------------------------------------------------------- other extensions
+
+
+MATRIX = {
+    "schema": "zero3-test-matrix/1",
+    "columns": [{"key": "pristine", "title": "v0.19.2"}, {"key": "patched", "title": "patched"}],
+    "scenarios": [{
+        "id": "tests/scenarios/test_x.py::test_a",
+        "title": "LN then Linear",
+        "checks": "no CheckpointError",
+        "invariants": ["I1"],
+        "results": {"pristine": {"outcome": "failed", "detail": "CheckpointError"}, "patched": "passed"},
+    }],
+}
+
+
+def test_matrix_accepts_the_documented_format():
+    assert load_matrix(json.dumps(MATRIX))["scenarios"][0]["id"].endswith("test_a")
+    # The example on the "Generated inputs" page is itself a valid file.
+    page = (DOCS / "generated-inputs.md").read_text(encoding="utf-8")
+    example = page.split("```json", 1)[1].split("```", 1)[0]
+    load_matrix(example)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda m: m.update(schema="x"), "schema"),
+        (lambda m: m["scenarios"][0]["results"].pop("patched"), "no result for column 'patched'"),
+        (lambda m: m["scenarios"][0]["results"].update(gpu="passed"), "unknown column 'gpu'"),
+        (lambda m: m["scenarios"][0]["results"].update(patched="green"), "outcome 'green'"),
+        (lambda m: m["scenarios"][0].pop("checks"), "checks"),
+        (lambda m: m.update(columns=[]), "columns"),
+    ],
+)
+def test_matrix_rejects_malformed_files(mutate, message):
+    data = json.loads(json.dumps(MATRIX))
+    mutate(data)
+    with pytest.raises(MatrixError, match=re.escape(message)):
+        load_matrix(json.dumps(data))
+
+
+def test_read_series(tmp_path):
+    (tmp_path / "series").write_text("# the series\n0004-tests.patch\n\n")
+    (tmp_path / "0004-tests.patch").write_text(PATCH.replace(
+        "Subject: [PATCH 4/4] tests: ZeRO-3 frozen params under checkpointing",
+        "Subject: [PATCH 4/4] tests: ZeRO-3 frozen params under\n checkpointing"))
+    (patch, ) = read_series(tmp_path)
+    assert patch["subject"] == "tests: ZeRO-3 frozen params under checkpointing"
+    assert patch["files"] == [
+        {"path": "deepspeed/runtime/zero/x.py", "new": False},
+        {"path": "tests/unit/v1/zero/test_zero3_frozen_checkpoint.py", "new": True},
+    ]
+    (tmp_path / "series").write_text("0005-missing.patch\n")
+    with pytest.raises(MatrixError, match="does not exist"):
+        read_series(tmp_path)
+
+
+def test_sequence_parse_and_layout():
+    diagram = sequence.parse("a = Engine; b = Hooks; p = Param", [
+        "== Forward ==",
+        "a -> b : pre-forward",
+        "b --> a : * done",
+        "p : AVAILABLE {lin}",
+        "p : ! CheckpointError",
+        "a .. p : a wide note",
+    ])
+    kinds = [(e.kind, e.style) for e in diagram.events]
+    assert kinds == [("phase", "plain"), ("message", "plain"), ("message", "change"), ("note", "AVAILABLE"),
+                     ("note", "error"), ("note", "plain")]
+    assert diagram.events[2].dashed
+    xs = sequence.lane_positions(diagram)
+    assert xs == sorted(xs) and xs[1] - xs[0] >= sequence.MIN_GAP
+    dot = sequence.to_dot(diagram)
+    assert dot.count("pos=") == len(re.findall(r'^\s+"[ehf]\w*" \[', dot, re.M))  # every node is pinned
+    if shutil.which("dot"):
+        svg = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True, check=True).stdout
+        assert "<svg" in svg and "CheckpointError" in svg
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["x -> a : hi"], "unknown lane 'x'"),
+    (["a -> a : hi"], "two different lanes"),
+    (["what is this"], "cannot read"),
+    ([], "no rows"),
+])
+def test_sequence_syntax_errors(rows, message):
+    with pytest.raises(sequence.SequenceSyntaxError, match=re.escape(message)):
+        sequence.parse("a = A; b = B", rows)
+
+
+# --------------------------------------------------------------------------- troubleshooting page
+
+
+def _apply_messages():
+    text = (ROOT / "scripts" / "apply.sh").read_text(encoding="utf-8")
+    return {m.group(1) for m in re.finditer(r'die "\$E_[A-Z]+" "(.*)"', text)}
+
+
+def test_troubleshooting_quotes_every_apply_message_exactly():
+    script = ROOT / "scripts" / "apply.sh"
+    if not script.exists():
+        pytest.skip("scripts/apply.sh is not in this checkout")
+    in_script = _apply_messages()
+    assert in_script, "no die messages found in scripts/apply.sh: has its error helper been renamed?"
+    page = (DOCS / "guide" / "troubleshooting.md").read_text(encoding="utf-8")
+    on_page = {m.group(1) for m in re.finditer(r"^apply\.sh: error: (.*)$", page, re.M)}
+    missing = sorted(in_script - on_page)
+    stale = sorted(on_page - in_script)
+    assert not missing, "docs/guide/troubleshooting.md lacks these apply.sh messages:\n" + "\n".join(missing)
+    assert not stale, "docs/guide/troubleshooting.md quotes messages apply.sh no longer has:\n" + "\n".join(stale)
+
+
+# --------------------------------------------------------------------------- extension build behaviour
+
+
+def _mini_project(tmp_path, rfc_body, test_source):
+    src = tmp_path / "site" / "docs"
+    src.mkdir(parents=True)
+    (src / "conf.py").write_text(textwrap.dedent(f'''
+        import sys
+        sys.path.insert(0, {str(DOCS / "_ext")!r})
+        extensions = ["myst_parser", "invariants"]
+        invariants_root = ".."
+    '''))
+    (src / "index.md").write_text("# Mini\n\n" + rfc_body)
+    tests = tmp_path / "site" / "tests"
+    tests.mkdir()
+    (tests / "test_mini.py").write_text(test_source)
+    return src
+
+
+def _sphinx(src, out, *extra):
+    cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", *extra, str(src), str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_build_fails_for_untested_and_unknown_invariants(tmp_path):
+    need_sphinx()
+    body = "```{invariant} I1 First\nStatement one.\n```\n\n```{invariant} I2 Second\nStatement two.\n```\n"
+    src = _mini_project(tmp_path, body,
+                        'import pytest\n@pytest.mark.invariants("I1", "I3")\ndef test_a():\n    pass\n')
+    run = _sphinx(src, tmp_path / "out")
+    assert run.returncode != 0
+    assert "invariant I2 has no test" in run.stderr
+    assert "claims unknown invariant(s) I3" in run.stderr
+
+
+def test_build_renders_invariants_with_their_tests(tmp_path):
+    need_sphinx()
+    body = ("```{invariant} I1 First\nStatement one.\n```\n\nSee {inv}`I1`.\n\n"
+            "```{invariant-table}\n```\n")
+    src = _mini_project(tmp_path, body, 'import pytest\n@pytest.mark.invariants("I1")\ndef test_a():\n    pass\n')
+    run = _sphinx(src, tmp_path / "out")
+    assert run.returncode == 0, run.stderr
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert 'id="invariant-i1"' in page
+    assert "tests/test_mini.py::test_a" in page
+    assert 'href="#invariant-i1"' in page
+
+
+# --------------------------------------------------------------------------- the real site
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The built HTML site: DOCS_BUILD_DIR if given, else a fresh build of docs/."""
+    given = os.environ.get("DOCS_BUILD_DIR")
+    if given:
+        out = Path(given)
+        assert (out / "index.html").is_file(), f"DOCS_BUILD_DIR={given} holds no built site"
+        return out
+    need_sphinx()
+    need(shutil.which("dot"), "Graphviz's dot", "apt-get install -y graphviz")
+    out = tmp_path_factory.mktemp("html")
+    start = time.monotonic()
+    run = _sphinx(DOCS, out, *shlex.split(os.environ.get("DOCS_SPHINX_ARGS", "")))
+    elapsed = time.monotonic() - start
+    assert run.returncode == 0, f"sphinx-build failed ({elapsed:.0f} s):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    print(f"docs built in {elapsed:.1f} s")
+    return out
+
+
+class _Page(html.parser.HTMLParser):
+    """Collects ids, links and embedded resources of one HTML page."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.links, self.resources, self.diagrams = set(), [], [], []
+        self.title, self._in_h1, self.h1 = "", False, ""
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for key in ("id", "name"):
+            if attrs.get(key) and (key == "id" or tag == "a"):
+                self.ids.add(attrs[key])
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+        for key in ("src", "data"):
+            if tag in ("img", "script", "object", "iframe", "embed", "source") and attrs.get(key):
+                self.resources.append(attrs[key])
+        if tag == "link" and attrs.get("href") and "stylesheet" in (attrs.get("rel") or ""):
+            self.resources.append(attrs["href"])
+        if tag in ("svg", "img", "object"):
+            classes = (attrs.get("class") or "").split()
+            if "graphviz" in classes or tag == "svg":
+                self.diagrams.append((tag, attrs.get("data") or attrs.get("src") or ""))
+        if tag == "h1":
+            self._in_h1 = True
+
+    def handle_endtag(self, tag):
+        if tag == "h1":
+            self._in_h1 = False
+
+    def handle_data(self, data):
+        if self._in_h1:
+            self.h1 += data
+
+
+def _parse(text):
+    page = _Page()
+    page.feed(text)
+    return page
+
+
+def _rfc_title():
+    first = RFC.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# "), "the RFC must start with its title"
+    return first[2:].strip()
+
+
+def _expected_diagrams():
+    text = RFC.read_text(encoding="utf-8")
+    return len(re.findall(r"^```\{(graphviz|sequence)\}", text, re.M))
+
+
+def test_rfc_page_in_headless_chromium(site, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    need(browser, "Headless Chromium", "apt-get install -y chromium")
+    page = site / "rfc.html"
+    assert page.is_file(), "the RFC page rfc.html was not built"
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", page.as_uri()]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "<html" in run.stdout, f"chromium failed:\n{run.stderr[-3000:]}"
+    dom = _parse(run.stdout)
+
+    assert dom.h1.replace("¶", "").strip() == _rfc_title()
+
+    # Every diagram of the RFC is embedded, and the file it points at exists and is an SVG.
+    diagrams = [d for d in dom.diagrams if d[0] != "svg"]
+    assert len(diagrams) == _expected_diagrams(), diagrams
+    for _, ref in diagrams:
+        target = (page.parent / urllib.parse.unquote(ref.split("#")[0])).resolve()
+        assert target.is_file(), f"diagram {ref} is missing"
+        assert "<svg" in target.read_text(encoding="utf-8", errors="replace")[:2000], f"{ref} is not an SVG"
+
+    # The invariants are rendered with anchors, each followed by the tests that claim it.
+    declared = re.findall(r"^```\{invariant\} (I\d+)", RFC.read_text(encoding="utf-8"), re.M)
+    assert declared, "the RFC declares no invariant"
+    for inv in declared:
+        assert f"invariant-{inv.lower()}" in dom.ids
+    assert "no test yet" not in run.stdout
+
+
+def _built_pages(site):
+    return sorted(p for p in site.rglob("*.html") if "_static" not in p.parts)
+
+
+def test_no_broken_internal_links(site):
+    pages = {p.resolve(): _parse(p.read_text(encoding="utf-8")) for p in _built_pages(site)}
+    broken = []
+    for path, page in pages.items():
+        for href in page.links:
+            parts = urllib.parse.urlsplit(href)
+            if parts.scheme in ("http", "https", "mailto") or href.startswith("//"):
+                continue
+            if parts.scheme:
+                broken.append(f"{path.name}: unexpected link scheme {href}")
+                continue
+            target = (path.parent / urllib.parse.unquote(parts.path)).resolve() if parts.path else path
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{path.relative_to(site.resolve())}: {href} (no such file)")
+                continue
+            if parts.fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else _parse(target.read_text(encoding="utf-8")).ids
+                if urllib.parse.unquote(parts.fragment) not in ids:
+                    broken.append(f"{path.relative_to(site.resolve())}: {href} (no such anchor)")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+def test_pages_load_nothing_from_the_network(site):
+    remote = []
+    for path in _built_pages(site):
+        for ref in _parse(path.read_text(encoding="utf-8")).resources:
+            if re.match(r"^(https?:)?//", ref):
+                remote.append(f"{path.name}: {ref}")
+    assert not remote, "pages load remote resources (the site must work offline):\n" + "\n".join(remote)
