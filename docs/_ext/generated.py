@@ -209,7 +209,7 @@ def setup(app):
             path = generated_path(self.env, name)
             self.env.note_dependency(str(path))
             if not path.is_file():
-                return missing(self, path, "the lead's results export (see docs/_generated/README.md)")
+                return missing(self, path, "the export of the test results of the pristine and patched runs")
             try:
                 data = load_matrix(path.read_text(encoding="utf-8"))
             except MatrixError as exc:

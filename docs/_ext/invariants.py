@@ -92,7 +92,9 @@ class InvariantDirective(SphinxDirective):
             logger.error(f"invariant {inv_id} is declared twice (first in {other['docname']}:{other['lineno']})",
                          location=self.get_location())
             return []
-        declared[inv_id] = {"docname": _docname(self.env), "title": title, "lineno": self.lineno}
+        declared[inv_id] = {"docname": _docname(self.env), "title": title, "lineno": self.lineno,
+                           # source file and line, right even when the RFC is pulled in by {include}
+                           "location": self.get_location()}
 
         box = nodes.admonition(classes=["invariant"] + self.options.get("class", []))
         box["ids"].append(anchor(inv_id))
@@ -180,7 +182,7 @@ def check_consistency(app, env):
             inv_id = problem.message.split()[1]
             info = declared.get(inv_id)
             if info:
-                location = (info["docname"], info["lineno"])
+                location = info.get("location") or (info["docname"], info["lineno"])
         logger.error(problem.message, location=location, type="invariants")
     if not declared and (app.config.invariants_require_tests or result.claims):
         logger.error("no {invariant} directive found: the RFC must declare its invariants", type="invariants")
