@@ -1,0 +1,82 @@
+"""Hugging Face's real client path: a tiny Llama (random init from a config, nothing downloaded)
+with PEFT LoRA adapters and ``gradient_checkpointing_enable()`` (non-reentrant)."""
+
+import torch
+
+import deepspeed
+
+from tests.scenarios.zero3 import DTYPES, initialize, lifecycle_config, skip_unless_dtype_supported, train
+
+VOCAB = 64
+
+
+class CausalLMLoss(torch.nn.Module):
+    """Makes the language model's loss the module output, as a training loop would take it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+
+
+def tiny_llama_lora(input_grads):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB,
+                         hidden_size=32,
+                         intermediate_size=64,
+                         num_hidden_layers=2,
+                         num_attention_heads=4,
+                         num_key_value_heads=2,
+                         max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    # fp32 adapters on a bf16 base trip a separate mixed-dtype all-gather bug in v0.19.2
+    model = get_peft_model(model, lora, autocast_adapter_dtype=False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if input_grads:
+        model.enable_input_require_grads()
+    # LoRA B starts at zero, which would make every LoRA A gradient zero in the first step
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return CausalLMLoss(model)
+
+
+def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
+    """v0.19.2: CheckpointError on the frozen RMSNorm weights (and, under zero.Init, the frozen
+    base projections); without input grads the first decoder layer's LoRA weights also leak."""
+    reason = skip_unless_dtype_supported(dtype)
+    if reason:
+        return {"skipped": reason}
+    config = lifecycle_config(dtype=dtype)
+    torch.manual_seed(0)
+    reference = tiny_llama_lora(input_grads)
+    torch.manual_seed(0)
+    if zero_init:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = tiny_llama_lora(input_grads)
+    else:
+        model = tiny_llama_lora(input_grads)
+    engine = initialize(model, config)
+    # HF initialises weights after construction, which zero.Init's partitioned params ignore:
+    # start both from the reference's weights
+    params = dict(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
+        for name, ref_param in reference.named_parameters():
+            params[name].data.copy_(ref_param.data.to(params[name].dtype))
+    reference = reference.to(device=engine.device, dtype=DTYPES[dtype])
+    engine.train()
+    reference.train()
+
+    def make_inputs(step):
+        generator = torch.Generator().manual_seed(step)
+        return (torch.randint(0, VOCAB, (2, 8), generator=generator).to(engine.device), )
+
+    result = train(engine, reference, make_inputs, steps=steps, exact=False)
+    engine.destroy()
+    return result
