@@ -1,0 +1,206 @@
+"""Main of one rank process of a RankPool: ``python -m tests.harness.worker`` (started by the pool only).
+
+Life of a rank: tie its life to the parent's, import DeepSpeed once, join the process group once, then run
+tasks sent by the parent until the parent closes the pipe. Everything it prints goes to its log file.
+"""
+
+import ctypes
+import faulthandler
+import importlib
+import json
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from tests.harness import context
+
+PR_SET_PDEATHSIG = 1
+
+# Rank 0's rendezvous server; it must stay referenced for the life of the process group.
+_store = None
+
+
+def _send(conn, msg):
+    # Plain pickle, not Connection.send: torch registers reducers with multiprocessing's ForkingPickler that
+    # turn CPU tensors into shared-memory handles, which mean nothing to the parent over a socket.
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())
+
+
+def _die_with_parent(parent_pid):
+    """Make sure this rank never outlives the pytest process, even when that one is SIGKILLed."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    # The parent may have died before prctl took effect; and PDEATHSIG does not exist off Linux.
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(70)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _resolve(target):
+    """'pkg.module:func' or 'pkg.module:Class.method' (the class is instantiated without arguments)."""
+    module_name, _, qualname = target.partition(":")
+    obj = importlib.import_module(module_name)
+    parts = qualname.split(".")
+    for i, part in enumerate(parts):
+        obj = getattr(obj, part)
+        if isinstance(obj, type) and i < len(parts) - 1:
+            obj = obj()
+    return obj
+
+
+def _format_scenario_traceback(exc):
+    # Start at the scenario's frame: the harness's own frames above it only add noise to every report.
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") == __name__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _safe_str(exc):
+    try:
+        return str(exc)
+    except Exception:
+        return repr(type(exc))
+
+
+def _is_skip(exc):
+    # pytest.skip raises _pytest.outcomes.Skipped; a scenario that skipped has imported pytest, so a rank that
+    # never skips never pays for importing it.
+    outcomes = sys.modules.get("_pytest.outcomes")
+    return outcomes is not None and isinstance(exc, outcomes.Skipped)
+
+
+def _start(conn, cfg):
+    global _store
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    t0 = time.monotonic()
+    if cfg["set_dist_env"]:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          MASTER_ADDR="127.0.0.1")
+        if rank == 0:
+            # Rank 0 binds the rendezvous store on a port the kernel picks (port 0), so two concurrent runs can
+            # never race for the same port; the parent relays the port to the other ranks, and torch's
+            # "agent store" mode makes every rank (rank 0 too) a client of this already running server.
+            from torch.distributed import TCPStore
+            _store = TCPStore("127.0.0.1", 0, world_size, True, wait_for_workers=False)
+            port = _store.port
+            _send(conn, ("port", port))
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    t_import = time.monotonic() - t0
+    if cfg["set_dist_env"]:
+        if rank != 0:
+            msg = _recv(conn)
+            assert msg[0] == "port", msg
+            port = msg[1]
+        os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    if cfg["device"] == "cpu" and not cfg["shm_op"]:
+        # On the CPU accelerator, init_distributed JIT-compiles DeepSpeed's shm all-reduce op (about a minute on
+        # 2 cores). Only inference_all_reduce uses it, and only when LOCAL_SIZE is set, so training scenarios
+        # never touch it: declaring it incompatible makes build_shm_op() skip the build.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if cfg["device"] == "cuda":
+        get_accelerator().set_device(rank)
+    if cfg["init_distributed"]:
+        deepspeed.init_distributed(dist_backend=cfg["backend"])
+        deepspeed.comm.barrier()
+    context._set(context.RankContext(rank, rank, world_size, cfg["device"], cfg["backend"]))
+    info = dict(pid=os.getpid(), import_s=round(t_import, 3), start_s=round(time.monotonic() - t0, 3),
+                deepspeed=deepspeed.__version__, deepspeed_file=deepspeed.__file__,
+                accelerator=get_accelerator().device_name(), accelerator_available=get_accelerator().is_available())
+    _send(conn, ("ready", info))
+
+
+def _run_task(target, kwargs, sys_path):
+    for p in reversed(sys_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    fn = _resolve(target)
+    return fn(**kwargs)
+
+
+def _serve(conn):
+    while True:
+        try:
+            msg = _recv(conn)
+        except (EOFError, OSError):
+            return  # the parent closed the pipe: the pool is being shut down
+        kind = msg[0]
+        if kind == "exit":
+            return
+        assert kind == "run", msg
+        _, task_id, target, kwargs, sys_path = msg
+        print(f"[harness] task {task_id}: {target}", flush=True)
+        environ, cwd = dict(os.environ), os.getcwd()
+        try:
+            result = _run_task(target, kwargs, sys_path)
+            try:
+                reply = pickle.dumps(("ok", task_id, result), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                raise TypeError(f"the scenario's return value cannot be pickled: {e!r}") from e
+        except BaseException as e:  # noqa: B902 - a scenario's SystemExit or pytest.fail must be reported too
+            if _is_skip(e):
+                reply = ("skip", task_id, str(getattr(e, "msg", e)))
+            else:
+                # The full traceback goes to the parent's report; the log gets one line to mark the spot.
+                reply = ("error", task_id, type(e).__name__, _safe_str(e), _format_scenario_traceback(e))
+            print(f"[harness] task {task_id} ended with {type(e).__name__}", flush=True)
+            reply = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            # Scenarios share the process: undo the cheap kinds of leakage between them.
+            if os.getcwd() != cwd:
+                os.chdir(cwd)
+            if os.environ != environ:
+                os.environ.clear()
+                os.environ.update(environ)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send_bytes(reply)
+
+
+def main():
+    cfg = json.loads(os.environ.pop("ZERO3_HARNESS_CONFIG"))
+    conn = Connection(cfg["fd"])
+    _die_with_parent(cfg["parent"])
+    faulthandler.enable()
+    # The pool sends SIGUSR1 to a rank it is about to kill for hanging: the Python stacks land in the log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        _start(conn, cfg)
+    except BaseException as e:  # noqa: B902
+        traceback.print_exc()
+        try:
+            _send(conn, ("error", None, type(e).__name__, _safe_str(e), traceback.format_exc()))
+        except OSError:
+            pass
+        sys.stdout.flush()
+        os._exit(1)
+    _serve(conn)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: process-group and thread-pool destructors can block, and nothing needs it.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Scenario bodies: module-level functions run on every rank by tests.harness.RankPool (see tests/harness)."""
