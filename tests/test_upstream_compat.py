@@ -1,0 +1,134 @@
+"""Self-test of tests/upstream_compat: an upstream-style test file in a throwaway tree, run by its runner."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+from tests.harness.pool import REPO_ROOT
+
+UPSTREAM_STYLE_TESTS = '''
+import os
+
+import pytest
+import torch
+
+import deepspeed
+import deepspeed.comm as dist
+from unit.common import DistributedTest
+
+
+def _mark(name):
+    # Each rank leaves a file behind, so that the outer test can see which ranks and sizes ran.
+    out = os.environ["COMPAT_SELFTEST_OUT"]
+    open(os.path.join(out, f"{name}-ws{dist.get_world_size()}-rank{dist.get_rank()}"), "w").close()
+
+
+class TestPasses(DistributedTest):
+    world_size = 2
+
+    def test_all_reduce(self):
+        assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == os.environ["LOCAL_RANK"]
+        t = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        assert t.item() == 3
+        _mark("passes")
+
+
+@pytest.mark.parametrize("scale", [1, 2])
+class TestParametrized(DistributedTest):
+    world_size = 2
+    reuse_dist_env = True
+
+    @pytest.mark.parametrize("offset", [0, 10])
+    def test_sum(self, scale, offset, class_tmpdir):
+        t = torch.full((1, ), float(scale * dist.get_rank() + offset))
+        dist.all_reduce(t)
+        assert t.item() == scale + 2 * offset
+        assert class_tmpdir.basename.startswith("TestParametrized")
+        _mark(f"sum-{scale}-{offset}-pid{os.getpid()}")
+
+    @pytest.mark.world_size(1)
+    def test_single(self, scale):
+        assert dist.get_world_size() == 1
+
+
+class TestEverySize(DistributedTest):
+    world_size = [1, 2]
+
+    def test_sizes(self):
+        _mark("sizes")
+
+
+class TestOwnInit(DistributedTest):
+    init_distributed = False
+
+    def test_init_in_body(self):
+        assert not dist.is_initialized()
+        deepspeed.init_distributed(dist_backend=self.backend)
+        dist.barrier()
+        _mark("own-init")
+
+
+class TestSkipAndFail(DistributedTest):
+    reuse_dist_env = True
+
+    def test_skips_on_rank_0(self):
+        if dist.get_rank() == 0:
+            pytest.skip("rank 0 has nothing to check")
+
+    def test_fails_on_rank_1(self):
+        assert dist.get_rank() != 1, "rank 1 disagrees"
+'''
+
+
+def test_upstream_style_file_runs_with_the_stand_in_harness(tmp_path):
+    tree = tmp_path / "tree"
+    test_dir = tree / "tests" / "unit" / "v1" / "zero"
+    test_dir.mkdir(parents=True)
+    (test_dir / "test_compat_selftest.py").write_text(textwrap.dedent(UPSTREAM_STYLE_TESTS))
+    out = tmp_path / "out"
+    out.mkdir()
+    junit = tmp_path / "junit.xml"
+    env = dict(os.environ, COMPAT_SELFTEST_OUT=str(out))
+    # The tree has no deepspeed/, so the installed one is used (the runner warns about it).
+    proc = subprocess.run([sys.executable, "-m", "tests.upstream_compat.run", str(tree), f"--junitxml={junit}", "-q"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1, log  # one test fails on purpose
+
+    results = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = child.tag
+                results[case.get("name") + ":text"] = (child.get("message") or "") + (child.text or "")
+        results[case.get("name")] = outcome
+    expected = {
+        "test_all_reduce": "passed",
+        "test_sum[0-1]": "passed",
+        "test_sum[0-2]": "passed",
+        "test_sum[10-1]": "passed",
+        "test_sum[10-2]": "passed",
+        "test_single[1]": "passed",
+        "test_single[2]": "passed",
+        "test_sizes": "passed",
+        "test_init_in_body": "passed",
+        "test_skips_on_rank_0": "skipped",
+        "test_fails_on_rank_1": "failure",
+    }
+    assert {k: v for k, v in results.items() if not k.endswith(":text")} == expected, log
+
+    assert "rank 0 has nothing to check" in results["test_skips_on_rank_0:text"]
+    failure = results["test_fails_on_rank_1:text"]
+    assert "rank 1 raised AssertionError: rank 1 disagrees" in failure
+    assert "in test_fails_on_rank_1" in failure  # the rank's traceback
+
+    marks = sorted(p.name for p in out.iterdir())
+    assert {"passes-ws2-rank0", "passes-ws2-rank1", "own-init-ws2-rank0", "own-init-ws2-rank1", "sizes-ws1-rank0",
+            "sizes-ws2-rank0", "sizes-ws2-rank1"} <= set(marks)
+    # reuse_dist_env: the four test_sum runs of a rank share one process.
+    sum_pids = {m.rsplit("-pid", 1)[1] for m in marks if m.startswith("sum-")}
+    assert len([m for m in marks if m.startswith("sum-")]) == 8 and len(sum_pids) == 2, marks

@@ -1,0 +1,77 @@
+"""Run a DeepSpeed tree's tests/unit/v1/zero/ tests with this project's stand-in for upstream's harness.
+
+    python -m tests.upstream_compat.run <deepspeed-tree> [pytest args and test paths]
+
+<deepspeed-tree> is an sdist-based tree (deepspeed/ plus the test files the patch series adds under
+tests/unit/). As upstream's tests/conftest.py does, the tree goes first on sys.path, so the ranks run the
+tree's deepspeed package, not an installed one. Test paths may be given relative to the current directory or
+to the tree; without any, tests/unit/v1/zero/ runs. ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
+The exit status is pytest's.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPAT_DIR = Path(__file__).resolve().parent
+DEFAULT_TESTS = Path("tests") / "unit" / "v1" / "zero"
+
+
+def _split(tree, args):
+    """Separate test paths (kept, made absolute) from other pytest arguments."""
+    paths, others = [], []
+    for arg in args:
+        path_part = arg.split("::", 1)[0]
+        if not arg.startswith("-") and path_part:
+            for base in (Path.cwd(), tree):
+                if (base / path_part).exists():
+                    paths.append(str((base / path_part).resolve()) + arg[len(path_part):])
+                    break
+            else:
+                others.append(arg)
+        else:
+            others.append(arg)
+    return paths, others
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    tree = Path(argv[0]).resolve()
+    if (tree / "tests" / "unit" / "common.py").exists():
+        print(f"{tree} has upstream's own tests/unit/common.py: run its harness instead "
+              f"(cd {tree / 'tests'} && pytest unit/v1/zero/...)", file=sys.stderr)
+        return 2
+    if not (tree / "deepspeed").is_dir():
+        print(f"warning: {tree} has no deepspeed/ package; the installed deepspeed will be tested", file=sys.stderr)
+    paths, others = _split(tree, argv[1:])
+    if not paths:
+        if not (tree / DEFAULT_TESTS).is_dir():
+            print(f"{tree / DEFAULT_TESTS} does not exist and no test path was given", file=sys.stderr)
+            return 2
+        paths = [str(tree / DEFAULT_TESTS)]
+
+    from tests.harness.pool import default_device
+    os.environ.setdefault("DS_ACCELERATOR", default_device())
+    # Order matters: this repository first ("tests" must be ours: the ranks run tests.harness.worker), then the
+    # stand-in "unit" package, then the tree's deepspeed. PYTHONPATH carries the same order to the ranks.
+    entries = [str(REPO_ROOT), str(COMPAT_DIR)] + ([str(tree)] if (tree / "deepspeed").is_dir() else [])
+    sys.path[:0] = [e for e in entries if e not in sys.path]
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in entries]
+    os.environ["PYTHONPATH"] = os.pathsep.join(entries + old)
+
+    import pytest
+    args = [
+        "-p", "tests.upstream_compat.plugin",
+        # The tree's own conftest files (none in an sdist tree) are upstream's, not ours, and this repository's
+        # pytest.ini must not apply either.
+        "--noconftest", "-c", os.devnull, "--rootdir", str(tree / "tests"), "-p", "no:cacheprovider",
+    ] + others + paths
+    return pytest.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
