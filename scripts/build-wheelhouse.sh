@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# On a machine with network access, download everything `tox -e gpu` needs on an offline GPU host
+# that has Python and a CUDA torch but nothing else of ours. See --help.
+set -Eeuo pipefail
+
+PROG=build-wheelhouse.sh
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+
+usage() {
+    cat <<'EOF'
+Usage: scripts/build-wheelhouse.sh [--dest DIR] [--python-version X.Y] [--platform TAG]...
+                                   [--version VERSION] [--test-deps]
+
+Downloads into DIR (default: ./wheelhouse of this repository) wheels built for the target
+interpreter and platform (default: CPython 3.12, manylinux x86_64), never for this machine:
+  - DeepSpeed's runtime requirements except torch: einops hjson msgpack ninja numpy packaging
+    psutil py-cpuinfo pydantic (+ pydantic-core annotated-types typing-inspection ...) tqdm
+  - tox and its requirements, setuptools and wheel (DeepSpeed is built --no-build-isolation)
+  - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
+    checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
+  - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
+    torch (for hosts that lack them; peft and accelerate are fetched without their
+    dependencies, which would otherwise drag in a CUDA torch of several GB)
+torch itself is never downloaded: the GPU host's own build is used.
+
+On the GPU host (no network):
+  python3 -m pip install --no-index --find-links wheelhouse tox
+  PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/wheelhouse tox -e gpu
+
+--platform may be repeated; the default is the manylinux family for x86_64
+(manylinux_2_28 down to manylinux1). For aarch64 pass e.g. --platform manylinux_2_28_aarch64
+--platform manylinux2014_aarch64.
+EOF
+}
+
+die() {
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
+    exit 2
+}
+
+DEST=$REPO_ROOT/wheelhouse PYVER=3.12 VERSION='' TEST_DEPS=0
+PLATFORMS=()
+while (($#)); do
+    case $1 in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        --test-deps) TEST_DEPS=1 ;;
+        --dest | --python-version | --platform | --version)
+            if (($# < 2)) || [[ -z $2 ]]; then die "option $1 needs a value"; fi
+            case $1 in
+                --dest) DEST=$2 ;;
+                --python-version) PYVER=$2 ;;
+                --platform) PLATFORMS+=("$2") ;;
+                --version) VERSION=$2 ;;
+            esac
+            shift
+            ;;
+        *) die "unexpected argument '$1' (see --help)" ;;
+    esac
+    shift
+done
+
+[[ $PYVER =~ ^3\.[0-9]+$ ]] || die "--python-version wants X.Y, e.g. 3.12; got '$PYVER'"
+for p in "${PLATFORMS[@]}"; do
+    [[ $p =~ ^[A-Za-z0-9_]+$ ]] || die "malformed --platform '$p'"
+done
+if ((${#PLATFORMS[@]} == 0)); then
+    # pip does not widen an explicit manylinux tag to older ones, and many wheels only carry an
+    # older tag (ninja: manylinux_2_17; psutil: manylinux_2_12): list the whole family.
+    PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+        manylinux_2_12_x86_64 manylinux2010_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64)
+fi
+PINNED=$SCRIPT_DIR/pinned-bases.tsv
+if [[ -z $VERSION ]]; then
+    VERSION=$(awk -F'\t' '$1 !~ /^#/ && NF >= 4 {print $1; exit}' "$PINNED")
+fi
+read -r sdist_name sdist_sha < <(awk -F'\t' -v v="$VERSION" '$1 == v {print $3, $4}' "$PINNED") ||
+    die "unknown version '$VERSION': not in $PINNED"
+
+py=${PYTHON:-python3}
+abi=cp${PYVER/./}
+target=(--only-binary :all: --python-version "$PYVER" --implementation cp --abi "$abi" --abi abi3 --abi none)
+for p in "${PLATFORMS[@]}"; do target+=(--platform "$p"); done
+mkdir -p -- "$DEST"
+
+pip_dl() { "$py" -m pip download --disable-pip-version-check --dest "$DEST" "$@"; }
+
+runtime=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm)
+tools=(tox setuptools wheel)
+echo "== DeepSpeed runtime requirements (without torch), tox, setuptools, wheel"
+pip_dl "${target[@]}" "${runtime[@]}" "${tools[@]}"
+
+if ((TEST_DEPS)); then
+    echo "== test requirements (without torch)"
+    # transformers does not require torch; peft and accelerate do, so their own requirements
+    # other than torch are listed here and they are fetched with --no-deps.
+    pip_dl "${target[@]}" pytest transformers pyyaml safetensors huggingface_hub
+    pip_dl "${target[@]}" --no-deps peft accelerate
+fi
+
+echo "== DeepSpeed sdist $sdist_name"
+if [[ ! -f $DEST/$sdist_name ]]; then
+    pip_dl --no-deps --no-binary :all: "deepspeed==${VERSION#v}"
+fi
+found=$(sha256sum -- "$DEST/$sdist_name" | cut -d' ' -f1)
+if [[ $found != "$sdist_sha" ]]; then
+    rm -f -- "$DEST/$sdist_name"
+    die "sha256 of the downloaded $sdist_name is $found, expected $sdist_sha (removed it)"
+fi
+
+if find "$DEST" -maxdepth 1 \( -name 'torch-*' -o -name 'nvidia_*' -o -name 'triton-*' \) | grep -q .; then
+    die "a torch/CUDA wheel ended up in $DEST; remove it: the GPU host must use its own torch"
+fi
+echo "== $(find "$DEST" -maxdepth 1 -type f | wc -l) files in $DEST ($(du -sh -- "$DEST" | cut -f1))"
