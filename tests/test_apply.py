@@ -631,3 +631,61 @@ def test_export_replaces_only_stale_patches(tmp_path, sdist, synthetic_series):
     assert sorted(p.name for p in out.iterdir()) == sorted(["README", "series", "0000-cover-letter.patch"] +
                                                            series_of(synthetic_series)[:2])
     assert "[PATCH 0/2]" in (out / "0000-cover-letter.patch").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Documentation
+
+
+def _message_fragments(shell_string):
+    """Literal pieces of a double-quoted shell string, with every expansion cut out."""
+    pieces, literal, i = [], "", 0
+    while i < len(shell_string):
+        ch = shell_string[i]
+        if ch == "\\" and i + 1 < len(shell_string):
+            literal += shell_string[i + 1]
+            i += 2
+        elif ch == "$" and i + 1 < len(shell_string) and shell_string[i + 1] in "({":
+            pieces.append(literal)
+            literal = ""
+            opening = shell_string[i + 1]
+            closing = ")" if opening == "(" else "}"
+            depth, i = 1, i + 2
+            while depth:
+                depth += {opening: 1, closing: -1}.get(shell_string[i], 0)
+                i += 1
+        elif ch == "$" and i + 1 < len(shell_string) and (shell_string[i + 1].isalnum() or shell_string[i + 1] in "_#?"):
+            pieces.append(literal)
+            literal = ""
+            i += 2
+            while i < len(shell_string) and (shell_string[i].isalnum() or shell_string[i] == "_"):
+                i += 1
+        else:
+            literal += ch
+            i += 1
+    pieces.append(literal)
+    return [p for p in pieces if len(p.strip()) >= 3]
+
+
+def test_readme_quotes_every_apply_error():
+    script = APPLY.read_text()
+    readme_lines = (REPO / "README.md").read_text().splitlines()
+    messages = [m.group(1) for m in re.finditer(r'die "\$E_[A-Z]+" "(.*)"(?:\s*;;)?$', script, re.M)]
+    messages += [m.group(1) for m in re.finditer(r'FAIL_REASON="(.*)"$', script, re.M)]
+    assert len(messages) > 40
+    missing = []
+    for message in messages:
+        fragments = _message_fragments(message)
+        if not any(_in_order(fragments, line) for line in readme_lines):
+            missing.append(message)
+    assert not missing, "README.md's troubleshooting lacks:\n" + "\n".join(missing)
+
+
+def _in_order(fragments, line):
+    pos = 0
+    for fragment in fragments:
+        pos = line.find(fragment, pos)
+        if pos < 0:
+            return False
+        pos += len(fragment)
+    return True
