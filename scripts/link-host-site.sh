@@ -37,5 +37,14 @@ if ! version=$("$host" -c 'import torch; print(torch.__version__)' 2>/dev/null);
 fi
 "$host" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site_dir/zero3-host-site.pth"
 printf 'torch==%s\n' "$version" >"$constraints"
+# JIT-built extensions are only valid for the torch they were built against: keep one cache per
+# torch version. tox's set_env cannot compute the version, so this .pth line (run at interpreter
+# start, cheap: it does not import torch) sets it unless the caller already did.
+[[ $version =~ ^[A-Za-z0-9.+_-]+$ ]] || {
+    echo "link-host-site: unexpected torch version string '$version'" >&2
+    exit 2
+}
+printf 'import os; os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/torch_extensions/zero3-torch-%s"))\n' \
+    "$version" >"$site_dir/zero3-torch-extensions.pth"
 echo "link-host-site: using torch $version and the packages of $host"
 sed 's/^/  /' "$site_dir/zero3-host-site.pth"
