@@ -473,13 +473,15 @@ ensure_identity() {
     fi
 }
 
+# apply_series REPO [GIT_OPTION...]: git am every patch of SERIES in REPO, or exit E_PATCH.
 apply_series() {
     local repo=$1 i p out files
+    shift
     for ((i = 0; i < ${#SERIES[@]}; i++)); do
         p=${SERIES[i]}
         # Options are spelled out so that am.* / apply.* settings in the user's config cannot
         # change what gets committed (3-way merges, whitespace fixing, CR handling).
-        if ! out=$(git -C "$repo" am --no-3way --no-scissors --no-keep-cr --no-message-id \
+        if ! out=$(git -C "$repo" "$@" am --no-3way --no-scissors --no-keep-cr --no-message-id \
             --whitespace=warn --committer-date-is-author-date -- "$PATCH_DIR/$p" 2>&1); then
             git -C "$repo" am --abort >/dev/null 2>&1 || true
             printf '%s\n' "$out" | sed 's/^/  git am: /' >&2
@@ -613,7 +615,9 @@ done
 info "base from $SOURCE_DESC"
 
 ensure_identity "$WORK"
-apply_series "$WORK"
+# In a tree of our own, commit signing and the user's global hooks would only make the commit
+# ids differ between machines (or fail for want of a key).
+apply_series "$WORK" -c commit.gpgSign=false -c core.hooksPath=/dev/null
 record "$WORK" "$SOURCE_DESC"
 printf '# Created by scripts/apply.sh; apply.sh --force may delete this whole directory.\nversion=%s\nbranch=%s\n' \
     "$VERSION" "$BRANCH" >"$WORK/.git/$MARKER_NAME"
