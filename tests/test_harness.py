@@ -79,7 +79,8 @@ def _gone(pid):
 
 
 def test_returns_per_rank_values(pool):
-    assert pool.run(describe_rank, tag="x") == [("x", 0, 2, "cpu", 0, "0"), ("x", 1, 2, "cpu", 1, "1")]
+    devices = ["cpu", "cpu"] if pool.device == "cpu" else ["cuda:0", "cuda:1"]
+    assert pool.run(describe_rank, tag="x") == [("x", 0, 2, devices[0], 0, "0"), ("x", 1, 2, devices[1], 1, "1")]
     # The demo scenario, by name: rank r contributes 3 * (r + 1).
     assert pool.run("tests.scenarios.smoke:all_reduce_sum", value=3) == [9.0, 9.0]
 

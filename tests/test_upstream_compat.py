@@ -16,6 +16,7 @@ import torch
 
 import deepspeed
 import deepspeed.comm as dist
+from deepspeed.accelerator import get_accelerator
 from unit.common import DistributedTest
 
 
@@ -30,7 +31,7 @@ class TestPasses(DistributedTest):
 
     def test_all_reduce(self):
         assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == os.environ["LOCAL_RANK"]
-        t = torch.ones(1) * (dist.get_rank() + 1)
+        t = torch.ones(1, device=get_accelerator().current_device_name()) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         assert t.item() == 3
         _mark("passes")
@@ -43,7 +44,8 @@ class TestParametrized(DistributedTest):
 
     @pytest.mark.parametrize("offset", [0, 10])
     def test_sum(self, scale, offset, class_tmpdir):
-        t = torch.full((1, ), float(scale * dist.get_rank() + offset))
+        device = get_accelerator().current_device_name()
+        t = torch.full((1, ), float(scale * dist.get_rank() + offset), device=device)
         dist.all_reduce(t)
         assert t.item() == scale + 2 * offset
         assert class_tmpdir.basename.startswith("TestParametrized")

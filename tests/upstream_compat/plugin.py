@@ -23,6 +23,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "world_size(n): run this DistributedTest method on n ranks")
 
 
+@pytest.fixture(scope="class")
+def class_tmpdir(request, tmpdir_factory):
+    """A temporary directory shared by the test methods of a class (upstream defines it on DistributedTest).
+
+    Defined here rather than on the class: pytest 9 deprecates class-scoped fixtures written as methods.
+    """
+    return tmpdir_factory.mktemp(request.cls.__name__)
+
+
 def _world_sizes(item, kwargs):
     # As upstream: a world_size mark on the method wins, then a world_size parameter, then the class attribute.
     for mark in getattr(item.function, "pytestmark", []):

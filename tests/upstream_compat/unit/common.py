@@ -22,7 +22,8 @@ class DistributedTest:
     ``init_distributed`` (call deepspeed.init_distributed and a barrier first), ``set_dist_env`` (set
     MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE), ``requires_cuda_env``, ``reuse_dist_env`` (keep
     the processes for the class's next test) and ``exec_timeout`` (seconds; env DS_UNITTEST_TIMEOUT).
-    Fixture and parameter values are sent to the ranks, so they must be picklable.
+    Fixture and parameter values are sent to the ranks, so they must be picklable. The class-scoped
+    ``class_tmpdir`` fixture comes from tests/upstream_compat/plugin.py.
     """
 
     is_dist_test = True
@@ -33,11 +34,3 @@ class DistributedTest:
     requires_cuda_env = True
     reuse_dist_env = False
     exec_timeout = DEEPSPEED_TEST_TIMEOUT
-
-    # A classmethod, where upstream has a plain method: same fixture, minus pytest 9's deprecation warning about
-    # class-scoped fixtures defined on instances.
-    @pytest.fixture(autouse=True, scope="class")
-    @classmethod
-    def class_tmpdir(cls, tmpdir_factory):
-        """A temporary directory shared by the test methods of a class."""
-        return tmpdir_factory.mktemp(cls.__name__)
