@@ -35,8 +35,11 @@ if ! version=$("$host" -c 'import torch; print(torch.__version__)' 2>/dev/null);
     echo "link-host-site: $host cannot import torch; set ZERO3_HOST_PYTHON to the interpreter that has it" >&2
     exit 2
 fi
+# The pin must use the version pip sees in the package metadata: PyPI's CUDA wheels say 2.11.0
+# there while torch.__version__ says 2.11.0+cu130, and ==2.11.0+cu130 would not match 2.11.0.
+dist_version=$("$host" -c 'import importlib.metadata as m; print(m.version("torch"))')
 "$host" -c 'import site; print("\n".join(site.getsitepackages()))' >"$site_dir/zero3-host-site.pth"
-printf 'torch==%s\n' "$version" >"$constraints"
+printf 'torch==%s\n' "$dist_version" >"$constraints"
 # JIT-built extensions are only valid for the torch they were built against: keep one cache per
 # torch version. tox's set_env cannot compute the version, so this .pth line (run at interpreter
 # start, cheap: it does not import torch) sets it unless the caller already did.
