@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.harness import RankPool
-from tests.harness.pool import default_device
+from tests.harness.pool import close_zygotes, default_device
 
 
 def pytest_addoption(parser):
@@ -58,6 +58,7 @@ class RankPools:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        close_zygotes()
 
 
 @pytest.fixture(scope="session")

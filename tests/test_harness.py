@@ -107,8 +107,11 @@ def test_rank_error_reports_traceback_and_hung_peer(pool):
     assert [r.status for r in outcome.ranks] == ["hung", "error"]
     assert outcome.elapsed < 30
     assert not pool.alive and all(_gone(pid) for pid in old_pids)
+    zygote = pool.zygote_pid
     assert pool.run(describe_rank, tag="again")[1][:3] == ("again", 1, 2)
     assert set(pool.pids).isdisjoint(old_pids)
+    # On CPU the new ranks come from the same zygote, which imported DeepSpeed once for the whole session.
+    assert pool.zygote_pid == zygote and (zygote is None) == (pool.device == "cuda")
 
 
 def test_hang_times_out(pool):
@@ -157,15 +160,15 @@ def test_ranks_exit_when_the_parent_is_killed(tmp_path):
         from tests.harness import RankPool
         pool = RankPool(2, log_dir={str(tmp_path)!r})
         pool.start()
-        print(" ".join(map(str, pool.pids)), flush=True)
+        print(" ".join(map(str, pool.pids + [pool.zygote_pid or pool.pids[0]])), flush=True)
         sys.stdin.read(1)
         os.kill(os.getpid(), signal.SIGKILL)
         """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        pids = [int(p) for p in proc.stdout.readline().split()]  # the ranks and the zygote
+        assert len(pids) == 3 and not any(_gone(pid) for pid in pids)
         proc.stdin.write("x")
         proc.stdin.flush()
         assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -178,7 +181,9 @@ def test_ranks_exit_when_the_parent_is_killed(tmp_path):
         proc.wait()
 
 
-def test_demo_scenario_on_the_session_pool(rank_pool):
+def test_demo_scenario_on_the_session_pool(rank_pool, pool):
     n = rank_pool.world_size
     # By name: importing the scenario module here would import DeepSpeed into the pytest process for nothing.
     assert rank_pool.run("tests.scenarios.smoke:all_reduce_sum", value=2) == [2.0 * n * (n + 1) / 2] * n
+    pool.start()
+    assert rank_pool.zygote_pid == pool.zygote_pid  # one zygote serves every pool of the session

@@ -5,6 +5,7 @@ import dataclasses
 import importlib.metadata
 import json
 import multiprocessing.connection
+import multiprocessing.reduction
 import os
 import pickle
 import shutil
@@ -96,7 +97,10 @@ class RunOutcome:
 
     def describe(self):
         """The failure report: the first failing rank's traceback first, then the other ranks."""
-        failed = sorted(self._with("error", "died"), key=lambda r: r.order)
+        # A rank that died did so on its own (the pool kills nobody before every rank has answered or the grace
+        # period is over), and its peers' errors are then mostly "connection reset": deaths go first, then the
+        # errors in the order they arrived.
+        failed = sorted(self._with("error", "died"), key=lambda r: (r.status != "died", r.order))
         hung = self._with("hung")
         lines = [f"scenario {self.target} failed (world_size={self.world_size}, {self.device}/{self.backend}, "
                  f"{self.elapsed:.1f} s)"]
@@ -178,11 +182,130 @@ def target_name(target):
 @dataclasses.dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or _ForkedProc for a rank forked by a zygote
     conn: multiprocessing.connection.Connection
     pgid: int
     log_path: Path
     info: dict = dataclasses.field(default_factory=dict)
+
+
+class _Zygote:
+    """A process that imports DeepSpeed once and forks rank processes on request (see worker._zygote)."""
+
+    def __init__(self, env, start_timeout):
+        self.log_dir = Path(tempfile.mkdtemp(prefix="zero3-zygote-"))
+        self.log_path = self.log_dir / "zygote.log"
+        parent_conn, child_conn = multiprocessing.Pipe()
+        cfg = dict(fd=child_conn.fileno(), parent=os.getpid(), zygote=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", "tests.harness.worker"], cwd=self.log_dir,
+                                             env=dict(env, ZERO3_HARNESS_CONFIG=json.dumps(cfg)),
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             pass_fds=(child_conn.fileno(), ), start_new_session=True)
+            finally:
+                child_conn.close()
+        self.conn = parent_conn
+        self.failed = False
+        if not parent_conn.poll(start_timeout):
+            self._fail(f"not ready after {start_timeout:g} s")
+        try:
+            self.info = _recv(parent_conn)[1]
+        except (EOFError, OSError):
+            self._fail(f"died while importing DeepSpeed: {_exit_text(self.proc.wait())}")
+
+    def _fail(self, why):
+        self.failed = True
+        self.close(keep_log=True)
+        raise PoolStartError(f"the zygote process (pid {self.proc.pid}) {why}\n"
+                             f"===== its log ({self.log_path}) =====\n{_tail(self.log_path, 0).rstrip()}")
+
+    @property
+    def alive(self):
+        return self.proc.poll() is None and not self.conn.closed
+
+    def request(self, msg, handle=None):
+        try:
+            _send(self.conn, _dumps(msg))
+            if handle is not None:
+                multiprocessing.reduction.send_handle(self.conn, handle, self.proc.pid)
+            if self.conn.poll(30):
+                return _recv(self.conn)
+        except (EOFError, OSError):
+            pass
+        self.failed = True
+        self.close(keep_log=True)
+        raise PoolStartError(f"the zygote process (pid {self.proc.pid}) stopped answering\n"
+                             f"===== its log ({self.log_path}) =====\n{_tail(self.log_path, 0).rstrip()}")
+
+    def fork(self, cfg, env, log_path, fd):
+        return _ForkedProc(self, self.request(("fork", cfg, env, str(log_path)), handle=fd)[1])
+
+    def signal(self, pids, sig, pgid=0):
+        if self.alive:
+            try:
+                self.request(("signal", list(pids), sig, pgid))
+            except PoolStartError:
+                pass  # it died: so did its ranks
+
+    def close(self, keep_log=False):
+        self.conn.close()  # the zygote exits on EOF and takes any rank still running with it
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if not keep_log and not self.failed:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+class _ForkedProc:
+    """The part of subprocess.Popen's interface the pool uses, for a rank forked by (and reaped by) a zygote."""
+
+    def __init__(self, zygote, pid):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                self.returncode = self.zygote.request(("exitcode", self.pid))[1] if self.zygote.alive else None
+            except PoolStartError:
+                pass
+            if not self.zygote.alive:
+                self.returncode = -signal.SIGKILL  # the zygote's death took its ranks down
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig):
+        self.zygote.signal([self.pid], sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+# Zygotes are shared by every pool of this process whose ranks get the same environment.
+_zygotes = {}
+
+
+def _zygote_for(env, start_timeout):
+    # pytest rewrites PYTEST_CURRENT_TEST for every test; it must not make every pool start a zygote of its own.
+    key = tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
+    zygote = _zygotes.get(key)
+    if zygote is None or not zygote.alive:
+        zygote = _zygotes[key] = _Zygote(env, start_timeout)
+    return zygote
+
+
+def close_zygotes():
+    while _zygotes:
+        _zygotes.popitem()[1].close()
 
 
 _live_pools = weakref.WeakSet()
@@ -192,6 +315,7 @@ _live_pools = weakref.WeakSet()
 def _close_live_pools():
     for pool in list(_live_pools):
         pool.close()
+    close_zygotes()
 
 
 class RankPool:
@@ -211,6 +335,9 @@ class RankPool:
         self.shm_op = bool(int(os.environ.get("ZERO3_TEST_SHM_OP", "0"))) if shm_op is None else shm_op
         self.start_timeout = start_timeout or env_float("ZERO3_POOL_START_TIMEOUT", 600.0)
         self.env = dict(env or {})
+        # Fork ranks from a zygote that has imported DeepSpeed (CPU only); ZERO3_TEST_FORK=0 spawns each rank.
+        self.fork = self.device == "cpu" and os.environ.get("ZERO3_TEST_FORK", "1") != "0"
+        self._zygote = None
         self.name = name
         self._own_log_dir = log_dir is None and not os.environ.get("ZERO3_TEST_LOG_DIR")
         self.log_dir = Path(log_dir or os.environ.get("ZERO3_TEST_LOG_DIR") or tempfile.mkdtemp(prefix="zero3-ranks-"))
@@ -234,6 +361,11 @@ class RankPool:
         return [r.proc.pid for r in self._ranks]
 
     @property
+    def zygote_pid(self):
+        """The pid of the process the ranks are forked from (None when ranks are spawned: CUDA, ZERO3_TEST_FORK=0)."""
+        return self._zygote.proc.pid if self._zygote else None
+
+    @property
     def info(self):
         """Per-rank facts reported at start: pid, timings, DeepSpeed version and file, accelerator."""
         return [r.info for r in self._ranks]
@@ -247,7 +379,7 @@ class RankPool:
         t0 = time.monotonic()
         for attempt in range(3):
             try:
-                self._spawn()
+                self._spawn(t0 + self.start_timeout)
                 self._handshake(t0 + self.start_timeout)
                 break
             except PoolStartError as e:
@@ -286,41 +418,53 @@ class RankPool:
         env["PYTHONUNBUFFERED"] = "1"
         env["DS_ACCELERATOR"] = self.device
         env.setdefault("TORCH_EXTENSIONS_DIR", default_extensions_dir())
+        return env
+
+    def _rank_env(self, base_env):
+        env = dict(base_env)
         if self.device == "cpu":
             # Ranks share the cores: without this, each rank runs one intra-op thread per core and they thrash.
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
         return env
 
-    def _spawn(self):
+    def _spawn(self, deadline):
         self.generation += 1
         run_dir = self.log_dir / f"{self.name}-{self.generation}"
         run_dir.mkdir(parents=True, exist_ok=True)
         base_env = self._base_env()
+        rank_env = self._rank_env(base_env)
+        if self.fork:
+            self._zygote = _zygote_for(base_env, max(1.0, deadline - time.monotonic()))
         for rank in range(self.world_size):
             parent_conn, child_conn = multiprocessing.Pipe()
             cfg = dict(fd=child_conn.fileno(), parent=os.getpid(), rank=rank, world_size=self.world_size,
                        device=self.device, backend=self.backend, init_distributed=self.init_distributed,
                        set_dist_env=self.set_dist_env, shm_op=self.shm_op)
-            env = dict(base_env, ZERO3_HARNESS_CONFIG=json.dumps(cfg))
             log_path = run_dir / f"rank{rank}.log"
             # One process group for the whole pool (led by rank 0), so that a kill also reaches anything the
             # ranks started themselves (a compiler, say).
             pgid = self._ranks[0].pgid if self._ranks else 0
-            with open(log_path, "ab") as log:
-                args = dict(cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            pass_fds=(child_conn.fileno(), ))
-                try:
-                    proc = subprocess.Popen([sys.executable, "-m", "tests.harness.worker"], process_group=pgid,
-                                            **args)
-                except (OSError, subprocess.SubprocessError):
-                    if pgid == 0:
-                        raise
-                    # Rank 0 is already gone, and its group with it; the handshake will report why.
-                    proc = subprocess.Popen([sys.executable, "-m", "tests.harness.worker"], process_group=0, **args)
-                    pgid = 0
-                finally:
-                    child_conn.close()
+            try:
+                if self._zygote:
+                    proc = self._zygote.fork(dict(cfg, pgid=pgid), rank_env, log_path, child_conn.fileno())
+                else:
+                    proc = self._popen(cfg, rank_env, log_path, run_dir, pgid)
+            finally:
+                child_conn.close()
             self._ranks.append(_Rank(rank, proc, parent_conn, pgid or proc.pid, log_path))
+
+    def _popen(self, cfg, env, log_path, run_dir, pgid):
+        with open(log_path, "ab") as log:
+            args = dict(cwd=run_dir, env=dict(env, ZERO3_HARNESS_CONFIG=json.dumps(cfg)), stdin=subprocess.DEVNULL,
+                        stdout=log, stderr=subprocess.STDOUT, pass_fds=(cfg["fd"], ))
+            cmd = [sys.executable, "-m", "tests.harness.worker"]
+            try:
+                return subprocess.Popen(cmd, process_group=pgid, **args)
+            except (OSError, subprocess.SubprocessError):
+                if pgid == 0:
+                    raise
+                # Rank 0 is already gone, and its group with it; the handshake will report why.
+                return subprocess.Popen(cmd, process_group=0, **args)
 
     def _handshake(self, deadline):
         pending = {r.conn: r for r in self._ranks}
@@ -376,11 +520,8 @@ class RankPool:
         sent = False
         for r in ranks:
             if r.proc.poll() is None:
-                try:
-                    os.kill(r.proc.pid, signal.SIGUSR1)
-                    sent = True
-                except ProcessLookupError:
-                    pass
+                r.proc.send_signal(signal.SIGUSR1)
+                sent = True
         if sent:
             time.sleep(0.5)
 
@@ -396,6 +537,9 @@ class RankPool:
                 except subprocess.TimeoutExpired:
                     pass
         for pgid in {r.pgid for r in ranks}:
+            if isinstance(ranks[0].proc, _ForkedProc):
+                ranks[0].proc.zygote.signal([r.proc.pid for r in ranks], signal.SIGKILL, pgid)
+                continue
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -1,7 +1,8 @@
-"""Main of one rank process of a RankPool: ``python -m tests.harness.worker`` (started by the pool only).
+"""Main of the processes of a RankPool: ``python -m tests.harness.worker`` (started by the pool only).
 
 Life of a rank: tie its life to the parent's, import DeepSpeed once, join the process group once, then run
 tasks sent by the parent until the parent closes the pipe. Everything it prints goes to its log file.
+On CPU, ranks are forked from a "zygote" (the same module, in zygote mode) that has imported DeepSpeed already.
 """
 
 import ctypes
@@ -178,9 +179,7 @@ def _serve(conn):
         conn.send_bytes(reply)
 
 
-def main():
-    cfg = json.loads(os.environ.pop("ZERO3_HARNESS_CONFIG"))
-    conn = Connection(cfg["fd"])
+def _rank_main(conn, cfg):
     _die_with_parent(cfg["parent"])
     faulthandler.enable()
     # The pool sends SIGUSR1 to a rank it is about to kill for hanging: the Python stacks land in the log.
@@ -200,6 +199,116 @@ def main():
     sys.stderr.flush()
     # Skip interpreter teardown: process-group and thread-pool destructors can block, and nothing needs it.
     os._exit(0)
+
+
+def _become_rank(fd, cfg, env, log_path):
+    """In a child just forked by the zygote: take on a rank process's identity, then run as one."""
+    try:
+        os.setpgid(0, cfg["pgid"])
+    except OSError:
+        os.setpgid(0, 0)  # the group's leader (rank 0) is already gone; the pool will see why
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
+    # Spawned ranks would each start from fresh random state; forked ones inherit the zygote's.
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if cfg["device"] == "cpu" and env.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    _rank_main(Connection(fd), dict(cfg, fd=fd, parent=os.getppid()))
+
+
+def _zygote(conn):
+    """Import torch and DeepSpeed once, then fork ranks on request (CPU only: forking after CUDA init is unsafe).
+
+    A forked rank starts in well under a second where a spawned one spends seconds importing DeepSpeed, which
+    matters because a pool is restarted after every failed run.
+    """
+    from multiprocessing.reduction import recv_handle
+    t0 = time.monotonic()
+    import torch.distributed  # noqa: F401
+    import deepspeed
+    import deepspeed.comm  # noqa: F401
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator()
+    _send(conn, ("ready", dict(pid=os.getpid(), import_s=round(time.monotonic() - t0, 3))))
+    children, exited = set(), {}
+
+    def reap():
+        while children - exited.keys():
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            exited[pid] = os.waitstatus_to_exitcode(status)
+
+    while True:
+        reap()
+        try:
+            if not conn.poll(0.1):
+                continue
+            msg = _recv(conn)
+        except (EOFError, OSError):
+            break
+        kind = msg[0]
+        if kind == "fork":
+            _, cfg, env, log_path = msg
+            fd = recv_handle(conn)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    conn.close()
+                    _become_rank(fd, cfg, env, log_path)
+                finally:
+                    os._exit(1)
+            os.close(fd)
+            children.add(pid)
+            _send(conn, ("forked", pid))
+        elif kind == "exitcode":
+            reap()
+            _send(conn, ("exitcode", exited.get(msg[1])))
+        elif kind == "signal":
+            # Signals go through here because only the parent can tell a live child from a reaped pid that the
+            # system may already have handed to an unrelated process.
+            _, pids, sig, pgid = msg
+            reap()
+            if pgid in children and pgid not in exited:
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    pass
+            for pid in pids:
+                if pid in children and pid not in exited:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+            _send(conn, ("signalled", ))
+    for pid in children - exited.keys():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(0)
+
+
+def main():
+    cfg = json.loads(os.environ.pop("ZERO3_HARNESS_CONFIG"))
+    conn = Connection(cfg["fd"])
+    if cfg.get("zygote"):
+        _die_with_parent(cfg["parent"])
+        _zygote(conn)
+    else:
+        _rank_main(conn, cfg)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import RankPool
+from tests.harness.pool import close_zygotes
 
 # Pools kept for the classes that set reuse_dist_env, keyed by (class, world size).
 _reused = {}
@@ -113,6 +114,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 def pytest_sessionfinish(session):
     _close_reused()
+    close_zygotes()
 
 
 def pytest_report_header(config):
