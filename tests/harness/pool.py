@@ -54,7 +54,7 @@ class RankOutcome:
     message: str = ""
     traceback: str = ""
     exitcode: Optional[int] = None
-    order: int = -1  # rank of arrival among the answers: the first failure is the likely root cause
+    order: int = -1  # position among the answers in arrival order
     log_path: str = ""
     log_tail: str = ""
 

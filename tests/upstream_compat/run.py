@@ -4,8 +4,8 @@
 
 <deepspeed-tree> is an sdist-based tree (deepspeed/ plus the test files the patch series adds under
 tests/unit/). As upstream's tests/conftest.py does, the tree goes first on sys.path, so the ranks run the
-tree's deepspeed package, not an installed one. Test paths may be given relative to the current directory or
-to the tree; without any, tests/unit/v1/zero/ runs. ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
+tree's deepspeed package, not an installed one. Test paths may be given relative to the tree or to the
+current directory (the tree wins); without any, tests/unit/v1/zero/ runs. ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
 The exit status is pytest's.
 """
 
@@ -19,12 +19,12 @@ DEFAULT_TESTS = Path("tests") / "unit" / "v1" / "zero"
 
 
 def _split(tree, args):
-    """Separate test paths (kept, made absolute) from other pytest arguments."""
+    """Separate test paths (made absolute; relative ones are looked up in the tree first) from other arguments."""
     paths, others = [], []
     for arg in args:
         path_part = arg.split("::", 1)[0]
         if not arg.startswith("-") and path_part:
-            for base in (Path.cwd(), tree):
+            for base in (tree, Path.cwd()):
                 if (base / path_part).exists():
                     paths.append(str((base / path_part).resolve()) + arg[len(path_part):])
                     break

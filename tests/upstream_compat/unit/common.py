@@ -7,8 +7,6 @@ CPU accelerator (DS_ACCELERATOR=cpu) never does.
 
 import os
 
-import pytest
-
 from deepspeed.accelerator import get_accelerator
 
 DEEPSPEED_TEST_TIMEOUT = int(os.environ.get("DS_UNITTEST_TIMEOUT", "600"))
