@@ -1,0 +1,263 @@
+"""ZeRO-3 + activation checkpointing + frozen parameters: every scenario on 2 ranks.
+
+Each test says, with ``needs_patch(k)``, the first patch of the series it needs: 0 marks a guard
+(it passes on pristine v0.19.2 too), k > 0 a regression test that must fail on every tree with
+fewer than k patches. ``ZERO3_SERIES_PREFIX`` tells how many patches the DeepSpeed under test
+carries (default: the whole series); where a test's patch is missing, the test asserts that the
+scenario fails, which is how ``tox -e pristine`` and ``scripts/prove-series.sh`` prove that each
+regression test fails without its fix.
+"""
+
+import json
+import os
+import warnings
+
+import pytest
+
+from tests.harness import ScenarioFailed
+
+SERIES_LENGTH = 3  # fix patches; 0004 adds tests only
+FROZEN = "tests.scenarios.frozen_ckpt"
+
+
+def applied_patches():
+    value = os.environ.get("ZERO3_SERIES_PREFIX", str(SERIES_LENGTH))
+    if not value.isdigit() or int(value) > SERIES_LENGTH:
+        raise pytest.UsageError(f"ZERO3_SERIES_PREFIX={value!r}: expected a patch count from 0 to {SERIES_LENGTH}")
+    return int(value)
+
+
+@pytest.fixture
+def scenario(rank_pool, request):
+    """scenario(target, **kwargs): runs it on every rank; expects a failure where the tree lacks
+    the patch the test needs, and records the outcome for the test matrix."""
+    return scenario_runner(rank_pool, request)
+
+
+def scenario_runner(rank_pool, request):
+    needed = request.node.get_closest_marker("needs_patch").args[0]
+    applied = applied_patches()
+
+    def run(target, **kwargs):
+        if applied >= needed:
+            try:
+                result = rank_pool.run(target, **kwargs)
+            except ScenarioFailed as failure:
+                if not _is_cpu_gradient_corruption(failure):
+                    _record(request, applied, needed, "failed", failure)
+                    raise
+                # see _is_cpu_gradient_corruption: run it once more, and say so
+                warnings.warn(f"{request.node.nodeid}: gradient mismatch on CPU, retried once:\n{failure}")
+                try:
+                    result = rank_pool.run(target, **kwargs)
+                except ScenarioFailed as second_failure:
+                    _record(request, applied, needed, "failed", second_failure)
+                    raise
+                _record(request, applied, needed, "passed after a retry", failure)
+                return result
+            _record(request, applied, needed, "passed")
+            return result
+        with pytest.raises(ScenarioFailed) as failure:
+            rank_pool.run(target, **kwargs)
+        _record(request, applied, needed, "failed as expected", failure.value)
+        return None
+
+    return run
+
+
+def _is_cpu_gradient_corruption(failure):
+    """On CPU (gloo), DeepSpeed v0.19.2 now and then hands back a gradient of uninitialised memory
+    (nan, 1e+28, ...) for the last parameters reduced in a backward. It happens on a pristine tree
+    too, with no frozen parameter at all (the full-finetune guard), under CPU load, and never twice
+    in a row in our runs: a race in DeepSpeed's CPU collectives, not in the series. Only this
+    failure, a gradient mismatch, is retried; crashes, leaks and lifecycle violations are not."""
+    message = str(failure)
+    return os.environ.get("ZERO3_TEST_DEVICE", "cpu") == "cpu" and (
+        "gradient differs from the reference" in message or "Tensor-likes are not close" in message)
+
+
+def _record(request, applied, needed, outcome, failure=None):
+    """Appends one line to $ZERO3_RESULTS_FILE (JSON lines) for the docs' test matrix."""
+    path = os.environ.get("ZERO3_RESULTS_FILE")
+    if not path:
+        return
+    summary = ""
+    if failure is not None:
+        lines = [line.strip() for line in str(failure).splitlines() if "Error" in line or "error" in line]
+        summary = (lines[-1] if lines else str(failure).splitlines()[0])[:300]
+    with open(path, "a") as results:
+        results.write(
+            json.dumps({
+                "test": request.node.nodeid,
+                "patches_applied": applied,
+                "needs_patch": needed,
+                "outcome": outcome,
+                "failure": summary,
+            }) + "\n")
+
+
+CHECKPOINTING = ["module", "function", "reentrant"]
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2", "I4")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_frozen_norm(scenario, checkpointing, dtype):
+    """The seed reproducer: frozen LayerNorm -> Linear blocks, exact gradients in fp32."""
+    scenario(f"{FROZEN}:frozen_norm", checkpointing=checkpointing, dtype=dtype)
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2")
+def test_frozen_norm_relu_tail(scenario):
+    """The recompute runs to the block's end (relu saves its output), so every module of the block
+    goes through a recompute post-forward."""
+    scenario(f"{FROZEN}:frozen_norm", relu=True, depth=3)
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2")
+def test_frozen_norm_deepspeed_defaults(scenario):
+    """DeepSpeed's default prefetch and reuse distance (the trace keeps small models gathered)."""
+    scenario(f"{FROZEN}:frozen_norm", defaults=True, steps=3)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I6")
+def test_frozen_norm_reentrant_unchanged(scenario):
+    """use_reentrant=True worked before the series and must keep working."""
+    scenario(f"{FROZEN}:frozen_norm", checkpointing="reentrant")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("zero_init", [False, True], ids=["nn-linear", "zero-init"])
+def test_lora_blocks(scenario, zero_init):
+    scenario(f"{FROZEN}:lora", zero_init=zero_init)
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I2")
+def test_frozen_linear_weight_zero_init(scenario):
+    """Only Linear weights frozen; DeepSpeed's linear (zero.Init) saves the weight itself."""
+    scenario(f"{FROZEN}:frozen_linear_weight", zero_init=True)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I6")
+def test_frozen_linear_weight_plain(scenario):
+    """A plain nn.Linear saves a transposed view, which partitioning does not shrink: a guard."""
+    scenario(f"{FROZEN}:frozen_linear_weight", zero_init=False)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1", "I5", "I7")
+@pytest.mark.parametrize("checkpointing", ["module", "function", "none"])
+def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
+    """The first block's input needs no grad; gradient accumulation 2 over 2 optimizer steps."""
+    scenario(f"{FROZEN}:no_grad_input", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I6")
+def test_persistent_norms_stay_gathered(scenario):
+    scenario(f"{FROZEN}:persistent_norms")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I11")
+def test_z3_leaf_module_with_several_outputs(scenario):
+    scenario(f"{FROZEN}:z3_leaf_multi_output")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2")
+def test_fast_sharding_leaf_modules(scenario):
+    scenario(f"{FROZEN}:fast_sharding")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I3")
+def test_reentered_module(scenario):
+    scenario(f"{FROZEN}:reentered_module")
+
+
+@pytest.mark.needs_patch(2)
+@pytest.mark.invariants("I8")
+def test_forward_stack_bounded_across_early_stops(scenario):
+    scenario(f"{FROZEN}:forward_stack_bounded")
+
+
+@pytest.mark.needs_patch(2)
+@pytest.mark.invariants("I8", "I9")
+def test_exception_in_recompute_then_retry(scenario):
+    scenario(f"{FROZEN}:exception_in_recompute")
+
+
+@pytest.mark.needs_patch(2)
+@pytest.mark.invariants("I7", "I9")
+def test_exception_in_backward_then_next_step(scenario):
+    scenario(f"{FROZEN}:exception_in_backward")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1")
+def test_several_forwards_then_one_backward(scenario):
+    scenario(f"{FROZEN}:several_forwards_one_backward")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I3")
+def test_external_parameters(scenario):
+    scenario(f"{FROZEN}:external_params")
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I6")
+def test_reentrant_frozen_module_fed_detached_tensor(scenario):
+    scenario(f"{FROZEN}:reentrant_detached_frozen")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I4")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+def test_frozen_peak_is_one_block(scenario, checkpointing):
+    scenario(f"{FROZEN}:frozen_peak", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I4", "I6")
+def test_frozen_peak_is_one_block_reentrant(scenario):
+    scenario(f"{FROZEN}:frozen_peak", checkpointing="reentrant")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I4")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+def test_prompt_release_after_last_backward_use(scenario, checkpointing):
+    scenario(f"{FROZEN}:prompt_release", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I4")
+def test_prompt_release_without_backward_consumer(scenario):
+    scenario(f"{FROZEN}:no_backward_consumer")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I10")
+def test_frozen_all_gather_volume_matches_no_checkpointing(scenario):
+    scenario(f"{FROZEN}:all_gather_volume")
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I6")
+def test_full_finetune_unchanged(scenario):
+    scenario(f"{FROZEN}:full_finetune")
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I6")
+def test_eval_forward_unchanged(scenario):
+    scenario(f"{FROZEN}:eval_forward")

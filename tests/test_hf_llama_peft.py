@@ -1,0 +1,38 @@
+"""Hugging Face's client path: tiny Llama + PEFT LoRA + gradient_checkpointing_enable(), on 2 ranks.
+
+These run in rank processes of their own: transformers and PEFT are heavy to import and change
+global state (F.linear under zero.Init, logging), which the small scenarios should not share.
+"""
+
+import pytest
+
+from tests.harness import RankPool
+from tests.test_frozen_ckpt import scenario_runner
+
+HF = "tests.scenarios.hf_llama"
+
+
+@pytest.fixture(scope="module")
+def hf_pool(rank_pool):
+    pool = RankPool(rank_pool.world_size, name="hf")
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def scenario(hf_pool, request):
+    return scenario_runner(hf_pool, request)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1", "I5", "I12")
+@pytest.mark.parametrize("input_grads", [False, True], ids=["no-input-grads", "enable-input-require-grads"])
+def test_hf_llama_peft_lora(scenario, input_grads):
+    scenario(f"{HF}:llama_lora", input_grads=input_grads)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_hf_llama_peft_lora_half_precision(scenario, dtype):
+    scenario(f"{HF}:llama_lora", dtype=dtype)
