@@ -146,10 +146,6 @@ def _serve(conn):
             msg = _recv(conn)
         except (EOFError, OSError):
             return  # the parent closed the pipe: the pool is being shut down
-        kind = msg[0]
-        if kind == "exit":
-            return
-        assert kind == "run", msg
         _, task_id, target, kwargs, sys_path = msg
         print(f"[harness] task {task_id}: {target}", flush=True)
         environ, cwd = dict(os.environ), os.getcwd()
