@@ -6,6 +6,7 @@ fail there (regressions) and which must pass on both (guards).
 
 import functools
 
+import pytest
 import torch
 
 import deepspeed
@@ -24,17 +25,16 @@ def _inputs(engine, *, dtype="fp32", requires_grad=True, shape=(2, DIM)):
     return lambda step: (batch(step, shape, device=engine.device, dtype=DTYPES[dtype], requires_grad=requires_grad), )
 
 
-def _skip_or_none(dtype):
+def _skip_unless_supported(dtype):
     reason = skip_unless_dtype_supported(dtype)
-    return {"skipped": reason} if reason else None
+    if reason:
+        pytest.skip(reason)
 
 
 def frozen_norm(*, checkpointing="module", dtype="fp32", relu=False, depth=2, defaults=False, steps=2):
     """Seed reproducer: frozen LayerNorm -> trainable Linear in checkpointed blocks.
     v0.19.2: CheckpointError (recomputed shape [0]) in the first backward."""
-    skipped = _skip_or_none(dtype)
-    if skipped:
-        return skipped
+    _skip_unless_supported(dtype)
     config = lifecycle_config(dtype=dtype, defaults=defaults)
     factory = functools.partial(models.frozen_norm_stack, DIM, depth, checkpointing, relu)
     engine, reference = build(factory, config)
@@ -46,9 +46,7 @@ def frozen_norm(*, checkpointing="module", dtype="fp32", relu=False, depth=2, de
 def lora(*, zero_init=False, checkpointing="module", dtype="fp32"):
     """LoRA-shaped blocks: frozen norm and frozen base Linear, trainable A/B.
     v0.19.2: CheckpointError."""
-    skipped = _skip_or_none(dtype)
-    if skipped:
-        return skipped
+    _skip_unless_supported(dtype)
     config = lifecycle_config(dtype=dtype)
     factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
     engine, reference = build(factory, config, zero_init=zero_init)

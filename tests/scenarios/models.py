@@ -223,11 +223,12 @@ class ExternalParamBlock(torch.nn.Module):
         super().__init__()
         self.inner = ReturnsOwnScale(dim)
         self.norm = torch.nn.LayerNorm(dim)
+        self.out = torch.nn.Linear(dim, dim)
         self.norm.requires_grad_(False)
 
     def forward(self, x):
         y, scale = self.inner(x)
-        return self.norm(y * scale)
+        return self.out(self.norm(y * scale))
 
 
 def external_param_stack(dim=8, depth=2, checkpointing="module"):
