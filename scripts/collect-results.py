@@ -69,7 +69,7 @@ def main():
         scenarios.append({
             "id": test_id,
             "title": test_id.split("::")[-1].removeprefix("test_").replace("_", " "),
-            "checks": checks,
+            "checks": checks or "see the scenario's docstring in tests/scenarios/",
             "invariants": invariants,
             "results": {column: row.get(column, "not-run") for column in columns},
         })
