@@ -10,7 +10,6 @@ regression test fails without its fix.
 
 import json
 import os
-import warnings
 
 import pytest
 
@@ -43,22 +42,8 @@ def scenario_runner(rank_pool, request):
             try:
                 result = rank_pool.run(target, **kwargs)
             except ScenarioFailed as failure:
-                if not _is_cpu_gradient_corruption(failure):
-                    _record(request, applied, needed, "failed", failure)
-                    raise
-                # see _is_cpu_gradient_corruption: a real mismatch fails every attempt
-                for attempt in range(2, CPU_GRADIENT_ATTEMPTS + 1):
-                    warnings.warn(f"{request.node.nodeid}: gradient mismatch on CPU, attempt {attempt}:\n{failure}")
-                    try:
-                        result = rank_pool.run(target, **kwargs)
-                    except ScenarioFailed as again:
-                        if attempt == CPU_GRADIENT_ATTEMPTS or not _is_cpu_gradient_corruption(again):
-                            _record(request, applied, needed, "failed", again)
-                            raise
-                        failure = again
-                    else:
-                        _record(request, applied, needed, f"passed at attempt {attempt}", failure)
-                        return result
+                _record(request, applied, needed, "failed", failure)
+                raise
             _record(request, applied, needed, "passed")
             return result
         with pytest.raises(ScenarioFailed) as failure:
@@ -67,21 +52,6 @@ def scenario_runner(rank_pool, request):
         return None
 
     return run
-
-
-CPU_GRADIENT_ATTEMPTS = 3
-
-
-def _is_cpu_gradient_corruption(failure):
-    """On CPU (gloo), DeepSpeed v0.19.2 now and then hands back garbage (nan, 1e+30, ...) for the
-    gradients of the last parameters reduced in a backward. It happens on a pristine tree too, with
-    no frozen parameter at all (the full-finetune guard), more often under CPU load, and a retry
-    passes: a race in DeepSpeed's CPU path that we have not pinned down (de-aliasing its in-place
-    all-gather and reduce-scatter did not remove it). Only this failure, a gradient mismatch, is
-    retried; crashes, leaks and lifecycle violations are not, and a real mismatch fails every time."""
-    message = str(failure)
-    return os.environ.get("ZERO3_TEST_DEVICE", "cpu") == "cpu" and (
-        "gradient differs from the reference" in message or "Tensor-likes are not close" in message)
 
 
 def _record(request, applied, needed, outcome, failure=None):

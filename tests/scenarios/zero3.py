@@ -13,7 +13,8 @@ import deepspeed
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-from deepspeed.utils import safe_get_full_grad
+from deepspeed import comm as dist
+from deepspeed.utils import safe_get_local_grad
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -173,7 +174,7 @@ def assert_grads_match(engine, reference_grads_by_name, *, exact):
     for name, param in engine.module.named_parameters():
         if not param.requires_grad:
             continue
-        grad = safe_get_full_grad(param)
+        grad = full_grad(param)
         expected = reference_grads_by_name.get(name)
         assert grad is not None, f"{name}: ZeRO-3 produced no gradient"
         assert expected is not None, f"{name}: the reference produced no gradient"
@@ -202,6 +203,23 @@ def discard_aborted_backward(engine):
     engine.optimizer.zero_grad(set_to_none=False)
 
 
+def gather_partitions(local, param):
+    """The full tensor of a ZeRO-3 parameter from every rank's ``local`` partition.
+
+    The tests read parameters and gradients this way, into separate buffers, instead of through
+    DeepSpeed's GatheredParameters / safe_get_full_grad: those all-gather in place (the input is a
+    slice of the output), which NCCL defines and gloo does not. On CPU they now and then return
+    uninitialised memory, on a pristine v0.19.2 tree and with no frozen parameter too.
+    """
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts)[:param.ds_numel].view(param.ds_shape)
+
+
+def full_grad(param):
+    return gather_partitions(safe_get_local_grad(param), param)
+
+
 def sync_reference(engine, reference):
     """Copies ZeRO-3's parameters into the reference after an optimizer step.
 
@@ -210,9 +228,9 @@ def sync_reference(engine, reference):
     compared exactly.
     """
     params = dict(engine.module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values())), torch.no_grad():
+    with torch.no_grad():
         for name, ref_param in reference.named_parameters():
-            ref_param.copy_(params[name].data.to(ref_param.dtype))
+            ref_param.copy_(gather_partitions(params[name].ds_tensor.data, params[name]).to(ref_param.dtype))
 
 
 def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_backward=None, after_forward=None):
