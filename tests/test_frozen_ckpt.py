@@ -143,18 +143,18 @@ def test_persistent_norms_stay_gathered(scenario):
     scenario(f"{FROZEN}:persistent_norms")
 
 
-@pytest.mark.needs_patch(0)
+@pytest.mark.needs_patch(1)
 @pytest.mark.invariants("I1", "I11")
 def test_z3_leaf_module_with_several_outputs(scenario):
-    """A guard: v0.19.2 survives it because checkpoint's early stop ends the recompute inside the
-    leaf, before the leaf's post-forward could partition anything."""
+    """A z3 leaf returning two tensors, followed in its checkpointed region by an op that saves
+    them (without one, early stop ends the recompute inside the leaf and v0.19.2 survives)."""
     scenario(f"{FROZEN}:z3_leaf_multi_output")
 
 
-@pytest.mark.needs_patch(0)
+@pytest.mark.needs_patch(1)
 @pytest.mark.invariants("I1", "I2")
 def test_fast_sharding_leaf_modules(scenario):
-    """A guard, for the same reason as the z3 leaf test: the recompute stops inside the leaf."""
+    """stage3_module_granularity_threshold: the blocks are z3 leaves with fast sharding."""
     scenario(f"{FROZEN}:fast_sharding")
 
 

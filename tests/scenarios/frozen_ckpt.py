@@ -125,14 +125,23 @@ def z3_leaf_multi_output(*, checkpointing="module"):
     return result
 
 
-def fast_sharding(*, checkpointing="module"):
+def fast_sharding(*, checkpointing="function-relu"):
     """stage3_module_granularity_threshold makes the blocks z3 leaves with fast sharding, which
-    swaps a released param's data for a 1-element buffer. v0.19.2: CheckpointError."""
-    config = lifecycle_config(stage3_module_granularity_threshold=10**6)
-    factory = functools.partial(models.frozen_norm_stack, DIM, 2, checkpointing)
+    swaps a released param's data for a 1-element buffer; a relu after each block inside the
+    checkpointed region makes the recompute run the blocks' post-forward.
+    v0.19.2: CheckpointError."""
+    # a NormLinear block has 88 params in 3 layers (granularity 29); the wide head keeps the root's
+    # granularity above that, so exactly the blocks become leaves
+    config = lifecycle_config(stage3_module_granularity_threshold=29)
+
+    def factory():
+        stack = models.frozen_norm_stack(DIM, 2, checkpointing)
+        stack.head = torch.nn.Linear(DIM, 64)
+        return stack
+
     engine, reference = build(factory, config)
     leaves = [m for m in engine.module.modules() if getattr(m, "_z3_leaf", False)]
-    assert leaves, "the granularity threshold should have made some modules z3 leaves"
+    assert leaves == list(engine.module.blocks), f"expected the blocks to be the z3 leaves, got {leaves}"
     result = train(engine, reference, _inputs(engine))
     engine.destroy()
     return result

@@ -7,7 +7,7 @@ the block module), "function" (non-reentrant, a plain function calls the block),
 import torch
 from torch.utils.checkpoint import checkpoint
 
-CHECKPOINTING = ("none", "module", "function", "reentrant")
+CHECKPOINTING = ("none", "module", "function", "function-relu", "reentrant")
 
 
 def run_checkpointed(block, checkpointing, *args):
@@ -17,6 +17,10 @@ def run_checkpointed(block, checkpointing, *args):
         return checkpoint(block, *args, use_reentrant=False)
     if checkpointing == "function":
         return checkpoint(lambda *a: block(*a), *args, use_reentrant=False)
+    if checkpointing == "function-relu":
+        # the relu saves its output, so the recompute runs past the block: the block's post-forward
+        # fires inside the recompute even when the block is a z3 leaf
+        return checkpoint(lambda *a: torch.relu(block(*a)), *args, use_reentrant=False)
     if checkpointing == "reentrant":
         return checkpoint(block, *args, use_reentrant=True)
     raise ValueError(f"unknown checkpointing mode {checkpointing!r}; expected one of {CHECKPOINTING}")
@@ -114,10 +118,10 @@ class ScaledBlock(torch.nn.Module):
 class Stack(torch.nn.Module):
     """Blocks applied in sequence, each under ``checkpointing``, then a trainable head."""
 
-    def __init__(self, blocks, dim, checkpointing="module", repeat=1, bias=True):
+    def __init__(self, blocks, dim, checkpointing="module", repeat=1, bias=True, head_out=2):
         super().__init__()
         self.blocks = torch.nn.ModuleList(blocks)
-        self.head = torch.nn.Linear(dim, 2, bias=bias)
+        self.head = torch.nn.Linear(dim, head_out, bias=bias)
         self.checkpointing = checkpointing
         self.repeat = repeat  # > 1: every block runs again before its backward (a re-entered module)
 
@@ -191,17 +195,29 @@ class TwoBranchLeaf(torch.nn.Module):
         return self.lin_a(self.norm_a(x)), self.lin_b(self.norm_b(x))
 
 
+class LeafThenProduct(torch.nn.Module):
+    """The leaf and an op that saves its outputs, in one checkpointed region: the recompute runs
+    past the leaf, so the leaf's post-forward fires inside it."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.leaf = TwoBranchLeaf(dim)
+
+    def forward(self, x):
+        a, b = self.leaf(x)
+        return a * b
+
+
 class LeafModel(torch.nn.Module):
 
     def __init__(self, dim=8, checkpointing="module"):
         super().__init__()
-        self.leaf = TwoBranchLeaf(dim)
-        self.head = torch.nn.Linear(dim, 1)
+        self.block = LeafThenProduct(dim)
+        self.head = torch.nn.Linear(dim, 2)
         self.checkpointing = checkpointing
 
     def forward(self, x):
-        a, b = run_checkpointed(self.leaf, self.checkpointing, x)
-        return self.head(a * b).pow(2).mean()
+        return self.head(run_checkpointed(self.block, self.checkpointing, x)).pow(2).mean()
 
 
 class ReturnsOwnScale(torch.nn.Module):
