@@ -125,6 +125,9 @@ def _start(conn, cfg):
     if cfg["init_distributed"]:
         deepspeed.init_distributed(dist_backend=cfg["backend"])
         deepspeed.comm.barrier()
+        if cfg["device"] == "cpu":
+            from tests.harness.gloo import dealias_gloo_collectives
+            dealias_gloo_collectives()
     context._set(context.RankContext(rank, rank, world_size, cfg["device"], cfg["backend"]))
     info = dict(pid=os.getpid(), import_s=round(t_import, 3), start_s=round(time.monotonic() - t0, 3),
                 deepspeed=deepspeed.__version__, deepspeed_file=deepspeed.__file__,

@@ -6,7 +6,8 @@ import torch
 
 import deepspeed
 
-from tests.scenarios.zero3 import DTYPES, initialize, lifecycle_config, skip_unless_dtype_supported, train
+from tests.scenarios.zero3 import (DTYPES, initialize, lifecycle_config, load_reference_weights,
+                                   skip_unless_dtype_supported, train)
 
 VOCAB = 64
 
@@ -64,12 +65,7 @@ def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
     else:
         model = tiny_llama_lora(input_grads)
     engine = initialize(model, config)
-    # HF initialises weights after construction, which zero.Init's partitioned params ignore:
-    # start both from the reference's weights
-    params = dict(engine.module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
-        for name, ref_param in reference.named_parameters():
-            params[name].data.copy_(ref_param.data.to(params[name].dtype))
+    load_reference_weights(engine, reference)
     reference = reference.to(device=engine.device, dtype=DTYPES[dtype])
     engine.train()
     reference.train()

@@ -75,9 +75,22 @@ def build(factory, config, *, zero_init=False, seed=1234):
     else:
         model = factory()
     engine = initialize(model, config)
+    if zero_init:
+        load_reference_weights(engine, reference)
     dtype = DTYPES[dtype_of(config)]
     reference = reference.to(device=engine.device, dtype=dtype)
     return engine, reference
+
+
+def load_reference_weights(engine, reference):
+    """Starts a model built under zero.Init from the reference's weights: zero.Init initialises on
+    the accelerator, whose random generator differs from the CPU's, and Hugging Face initialises
+    after construction, which partitioned parameters ignore. (What the gather returns is
+    overwritten, so its in-place all-gather does not matter here; the broadcast from rank 0 does.)"""
+    params = dict(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
+        for name, ref_param in reference.named_parameters():
+            params[name].data.copy_(ref_param.data.to(params[name].dtype))
 
 
 def initialize(model, config):
@@ -170,11 +183,13 @@ def reference_grads(reference):
 
 def assert_grads_match(engine, reference_grads_by_name, *, exact):
     """Compares ZeRO-3's full gradients with the reference's (after the last micro-batch)."""
+    # fp16 gradients stay multiplied by the loss scale until the optimizer step unscales them
+    loss_scale = engine.optimizer.loss_scale
     checked = 0
     for name, param in engine.module.named_parameters():
         if not param.requires_grad:
             continue
-        grad = full_grad(param)
+        grad = full_grad(param) / loss_scale
         expected = reference_grads_by_name.get(name)
         assert grad is not None, f"{name}: ZeRO-3 produced no gradient"
         assert expected is not None, f"{name}: the reference produced no gradient"
