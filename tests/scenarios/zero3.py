@@ -181,7 +181,7 @@ def reference_grads(reference):
     return {name: p.grad.detach().clone() for name, p in reference.named_parameters() if p.grad is not None}
 
 
-def assert_grads_match(engine, reference_grads_by_name, *, exact):
+def assert_grads_match(engine, reference_grads_by_name, *, exact, when=""):
     """Compares ZeRO-3's full gradients with the reference's (after the last micro-batch)."""
     # fp16 gradients stay multiplied by the loss scale until the optimizer step unscales them
     loss_scale = engine.optimizer.loss_scale
@@ -196,10 +196,10 @@ def assert_grads_match(engine, reference_grads_by_name, *, exact):
         grad = grad.float().cpu()
         expected = expected.float().cpu()
         if exact:
-            assert torch.equal(grad, expected), (f"{name}: gradient differs from the reference, max abs diff "
+            assert torch.equal(grad, expected), (f"{name}: gradient differs from the reference {when}, max abs diff "
                                                  f"{(grad - expected).abs().max().item():.3e}")
         else:
-            torch.testing.assert_close(grad, expected, rtol=5e-2, atol=5e-3, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(grad, expected, rtol=5e-2, atol=5e-3, msg=lambda m: f"{name} {when}: {m}")
         checked += 1
     assert checked, "no trainable parameter was checked"
     return checked
@@ -274,7 +274,7 @@ def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_b
             losses.append(loss.item())
             reference_losses.append(ref_loss.item())
             if micro == gas - 1:
-                assert_grads_match(engine, reference_grads(reference), exact=exact)
+                assert_grads_match(engine, reference_grads(reference), exact=exact, when=f"in step {step}")
             # DeepSpeed steps after every micro-batch and updates only at the accumulation boundary
             engine.step()
         sync_reference(engine, reference)
