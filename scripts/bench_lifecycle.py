@@ -21,6 +21,9 @@ import statistics
 import sys
 import time
 
+# the all-gather counter is shared with the test scenarios
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 VARIANTS = {"series": "nonreentrant", "nonreentrant": "nonreentrant", "reentrant": "reentrant", "no-ckpt": "none"}
 
 
@@ -55,38 +58,29 @@ def build_model(args, ds_config):
     return model
 
 
-def count_all_gathers(model, counts):
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    def wrap(param, name):
-        original = getattr(param, name)
-
-        def counted(*a, **k):
-            params = a[0] if name == "all_gather_coalesced" and a else [param]
-            for p in params:
-                if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
-                    counts["trainable" if p.requires_grad else "frozen"] += p.ds_numel * p.ds_tensor.element_size()
-            return original(*a, **k)
-
-        setattr(param, name, counted)
-
-    for param in model.parameters():
-        wrap(param, "all_gather_coalesced")
-        wrap(param, "all_gather")
-
-
 def run_rank(rank, args):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
     import torch
     import deepspeed
+    from tests.scenarios.zero3 import count_all_gathers
     torch.cuda.set_device(rank)
     deepspeed.init_distributed(dist_backend="nccl")
     ds_config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-        "zero_optimization": {"stage": 3},
+        "bf16": {
+            "enabled": True
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": 1e-4,
+                "torch_adam": True
+            }
+        },
+        "zero_optimization": {
+            "stage": 3
+        },
     }
     torch.manual_seed(0)
     model = build_model(args, ds_config)
@@ -94,8 +88,7 @@ def run_rank(rank, args):
                                       model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       config=ds_config)
     engine.train()
-    counts = {"frozen": 0, "trainable": 0}
-    count_all_gathers(engine.module, counts)
+    counts = count_all_gathers(engine.module)
     generator = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, 32000, (args.batch, args.seq), generator=generator).cuda()
 
@@ -136,11 +129,22 @@ def run_rank(rank, args):
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
         "world_size": args.world_size,
-        "shape": {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch")},
-        "step_s": {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)},
+        "shape": {
+            k: getattr(args, k)
+            for k in ("layers", "hidden", "seq", "batch")
+        },
+        "step_s": {
+            "median": statistics.median(times),
+            "min": min(times),
+            "max": max(times),
+            "n": len(times)
+        },
         "peak_gib": max(peaks) / 2**30,
         "backward_peak_gib": max(backward_peaks) / 2**30,
-        "allgather_gib_per_step": {k: statistics.median(g[k] for g in gathered) / 2**30 for k in counts},
+        "allgather_gib_per_step": {
+            k: statistics.median(g[k] for g in gathered) / 2**30
+            for k in counts
+        },
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "timeline_gib": [m / 2**30 for m in timeline],
@@ -160,8 +164,13 @@ def run_variant(args):
     except Exception as error:  # a crash (pristine non-reentrant) is a result too
         message = str(error).strip().splitlines()
         with open(args.out, "w") as out:
-            json.dump({"variant": args.variant, "tree": os.environ.get("PYTHONPATH", ""), "error": message[-1][:300]},
-                      out, indent=1)
+            json.dump({
+                "variant": args.variant,
+                "tree": os.environ.get("PYTHONPATH", ""),
+                "error": message[-1][:300]
+            },
+                      out,
+                      indent=1)
         print(f"{args.variant}: failed: {message[-1][:300]}", file=sys.stderr)
 
 

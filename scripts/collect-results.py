@@ -58,7 +58,10 @@ def main():
             detail = outcome if outcome not in ("passed", "failed") else ""
             if record["failure"] and result == "failed":
                 detail = (detail + ": " if detail else "") + record["failure"]
-            results.setdefault(record["test"], {})[column] = {"outcome": result, "detail": detail} if detail else result
+            results.setdefault(record["test"], {})[column] = {
+                "outcome": result,
+                "detail": detail
+            } if detail else result
 
     meta = test_metadata()
     scenarios = []
@@ -71,14 +74,20 @@ def main():
             "title": test_id.split("::")[-1].removeprefix("test_").replace("_", " "),
             "checks": checks or "see the scenario's docstring in tests/scenarios/",
             "invariants": invariants,
-            "results": {column: row.get(column, "not-run") for column in columns},
+            "results": {
+                column: row.get(column, "not-run")
+                for column in columns
+            },
         })
     matrix = {
         "schema": "zero3-test-matrix/1",
         "environment": args.environment,
         "base": "DeepSpeed v0.19.2 (b919284ab1ad6dbc1cb0e06b10386ff74160b586)",
         "generated": datetime.date.today().isoformat(),
-        "columns": [{"key": c, "title": c} for c in columns],
+        "columns": [{
+            "key": c,
+            "title": c
+        } for c in columns],
         "scenarios": scenarios,
     }
     pathlib.Path(args.out).write_text(json.dumps(matrix, indent=1) + "\n")

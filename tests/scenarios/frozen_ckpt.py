@@ -14,8 +14,9 @@ from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from tests.scenarios import models
-from tests.scenarios.zero3 import (DTYPES, assert_forward_stack_clean, discard_aborted_backward, assert_grads_match, assert_quiescent, batch,
-                                   build, frozen_available, lifecycle_config, outstanding_releases, reference_grads,
+from tests.scenarios.zero3 import (DTYPES, assert_forward_stack_clean, count_all_gathers, discard_aborted_backward,
+                                   assert_grads_match, assert_quiescent, batch, build, frozen_available,
+                                   lifecycle_config, outstanding_releases, reference_grads,
                                    skip_unless_dtype_supported, sync_reference, train)
 
 DIM = 8
@@ -23,6 +24,15 @@ DIM = 8
 
 def _inputs(engine, *, dtype="fp32", requires_grad=True, shape=(2, DIM)):
     return lambda step: (batch(step, shape, device=engine.device, dtype=DTYPES[dtype], requires_grad=requires_grad), )
+
+
+def _build_and_train(factory, config, *, zero_init=False, inputs=_inputs, **train_kwargs):
+    """Builds the engine and its reference from ``factory``, trains both side by side."""
+    engine, reference = build(factory, config, zero_init=zero_init)
+    try:
+        return train(engine, reference, inputs(engine), **train_kwargs)
+    finally:
+        engine.destroy()
 
 
 def _skip_unless_supported(dtype):
@@ -37,10 +47,11 @@ def frozen_norm(*, checkpointing="module", dtype="fp32", relu=False, depth=2, de
     _skip_unless_supported(dtype)
     config = lifecycle_config(dtype=dtype, defaults=defaults)
     factory = functools.partial(models.frozen_norm_stack, DIM, depth, checkpointing, relu)
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine, dtype=dtype), steps=steps, exact=dtype == "fp32")
-    engine.destroy()
-    return result
+    return _build_and_train(factory,
+                            config,
+                            inputs=lambda engine: _inputs(engine, dtype=dtype),
+                            steps=steps,
+                            exact=dtype == "fp32")
 
 
 def lora(*, zero_init=False, checkpointing="module", dtype="fp32"):
@@ -49,11 +60,12 @@ def lora(*, zero_init=False, checkpointing="module", dtype="fp32"):
     _skip_unless_supported(dtype)
     config = lifecycle_config(dtype=dtype)
     factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config, zero_init=zero_init)
     # DeepSpeed's linear (zero.Init) computes x @ w.t() + b rather than addmm: same maths, other rounding
-    result = train(engine, reference, _inputs(engine, dtype=dtype), exact=dtype == "fp32" and not zero_init)
-    engine.destroy()
-    return result
+    return _build_and_train(factory,
+                            config,
+                            zero_init=zero_init,
+                            inputs=lambda engine: _inputs(engine, dtype=dtype),
+                            exact=dtype == "fp32" and not zero_init)
 
 
 def frozen_linear_weight(*, zero_init=True):
@@ -68,10 +80,7 @@ def frozen_linear_weight(*, zero_init=True):
             block.norm.requires_grad_(True)
         return stack
 
-    engine, reference = build(factory, config, zero_init=zero_init)
-    result = train(engine, reference, _inputs(engine), exact=not zero_init)
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config, zero_init=zero_init, exact=not zero_init)
 
 
 def no_grad_input(*, checkpointing="module", gas=2, steps=2):
@@ -81,10 +90,11 @@ def no_grad_input(*, checkpointing="module", gas=2, steps=2):
     hook is never armed) and the available-parameter counter goes negative."""
     config = lifecycle_config(gas=gas)
     factory = functools.partial(models.scaled_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine, requires_grad=False), steps=steps, gas=gas)
-    engine.destroy()
-    return result
+    return _build_and_train(factory,
+                            config,
+                            inputs=lambda engine: _inputs(engine, requires_grad=False),
+                            steps=steps,
+                            gas=gas)
 
 
 def persistent_norms(*, checkpointing="module"):
@@ -119,10 +129,7 @@ def z3_leaf_multi_output(*, checkpointing="module"):
         deepspeed.utils.set_z3_leaf_modules(model, [models.TwoBranchLeaf])
         return model
 
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine))
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config)
 
 
 def fast_sharding(*, checkpointing="function-relu"):
@@ -152,10 +159,7 @@ def reentered_module(*, checkpointing="module"):
     v0.19.2: CheckpointError."""
     config = lifecycle_config()
     factory = functools.partial(models.frozen_norm_stack, DIM, 1, checkpointing, repeat=3)
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine))
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config)
 
 
 def forward_stack_bounded(*, steps=3):
@@ -265,10 +269,7 @@ def external_params(*, checkpointing="module"):
     v0.19.2: CheckpointError (the parent's frozen norm)."""
     config = lifecycle_config()
     factory = functools.partial(models.external_param_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine))
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config)
 
 
 def reentrant_detached_frozen():
@@ -287,10 +288,7 @@ def reentrant_detached_frozen():
             return self.lin(x) + self.norm(x.detach())
 
     factory = lambda: models.Stack([DetachingBlock(DIM) for _ in range(2)], DIM, "reentrant")
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine))
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config)
 
 
 def frozen_peak(*, checkpointing="module", depth=4):
@@ -315,7 +313,8 @@ def frozen_peak(*, checkpointing="module", depth=4):
     result = train(engine, reference, _inputs(engine), steps=2)
     engine.destroy()
     assert seen, "the probes never ran"
-    assert peak[0] <= 2, f"{peak[0]} frozen params gathered at once in backward (one block has 2): {max(seen, key=len)}"
+    assert peak[
+        0] <= 2, f"{peak[0]} frozen params gathered at once in backward (one block has 2): {max(seen, key=len)}"
     result["frozen_peak"] = peak[0]
     return result
 
@@ -364,31 +363,9 @@ def no_backward_consumer(*, checkpointing="module"):
     result = train(engine, reference, make_inputs)
     engine.destroy()
     assert observations, "the probe never ran"
-    assert all(s == ZeroParamStatus.NOT_AVAILABLE for s in observations), (
-        f"the frozen embedding was still gathered during backward: {observations}")
+    assert all(s == ZeroParamStatus.NOT_AVAILABLE
+               for s in observations), (f"the frozen embedding was still gathered during backward: {observations}")
     return result
-
-
-def count_all_gathers(engine):
-    """Wraps every ZeRO param's gather entry points; returns a dict of gathered numel counters."""
-    counts = {"frozen": 0, "trainable": 0}
-
-    def wrap(param, name):
-        original = getattr(param, name)
-
-        def counted(*args, **kwargs):
-            params = args[0] if name == "all_gather_coalesced" and args else [param]
-            for p in params:
-                if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
-                    counts["trainable" if p.requires_grad else "frozen"] += p.ds_numel
-            return original(*args, **kwargs)
-
-        setattr(param, name, counted)
-
-    for param in engine.module.parameters():
-        wrap(param, "all_gather_coalesced")
-        wrap(param, "all_gather")
-    return counts
 
 
 def all_gather_volume(*, steps=3):
@@ -400,7 +377,7 @@ def all_gather_volume(*, steps=3):
         config = lifecycle_config()
         factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
         engine, reference = build(factory, config)
-        counts = count_all_gathers(engine)
+        counts = count_all_gathers(engine.module)
         per_step = []
 
         def snapshot(engine):
@@ -413,8 +390,8 @@ def all_gather_volume(*, steps=3):
     for step in range(1, steps):  # step 0 records the trace
         frozen_ckpt = volumes["module"][step]["frozen"]
         frozen_plain = volumes["none"][step]["frozen"]
-        assert frozen_ckpt == frozen_plain, (f"step {step}: checkpointing all-gathered {frozen_ckpt} frozen "
-                                             f"elements, without checkpointing {frozen_plain}")
+        assert frozen_ckpt == frozen_plain, (f"step {step}: checkpointing all-gathered {frozen_ckpt} bytes of frozen "
+                                             f"params, without checkpointing {frozen_plain}")
     return volumes
 
 
@@ -423,10 +400,7 @@ def full_finetune(*, checkpointing="module"):
     each backward, as v0.19.2 does (guard)."""
     config = lifecycle_config()
     factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config)
-    result = train(engine, reference, _inputs(engine))
-    engine.destroy()
-    return result
+    return _build_and_train(factory, config)
 
 
 def eval_forward():

@@ -5,7 +5,6 @@ release ledger, post-backward triggers), they read it with a default, so the sam
 pristine v0.19.2 tree, where that state does not exist.
 """
 
-import copy
 
 import torch
 
@@ -177,6 +176,33 @@ def batch(step, shape, *, device, dtype=torch.float32, requires_grad=True):
     return x.requires_grad_(requires_grad)
 
 
+def count_all_gathers(model):
+    """Counts the bytes all-gathered for ``model``'s ZeRO-3 parameters, frozen and trainable apart.
+
+    Wraps each parameter's gather entry points (the coordinator's coalesced gather and the
+    synchronous one), so the counts include every gather whatever triggers it. Returns the dict
+    it keeps up to date.
+    """
+    counts = {"frozen": 0, "trainable": 0}
+
+    def wrap(param, name):
+        original = getattr(param, name)
+
+        def counted(*args, **kwargs):
+            params = args[0] if name == "all_gather_coalesced" and args else [param]
+            for p in params:
+                if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
+                    counts["trainable" if p.requires_grad else "frozen"] += p.ds_numel * p.ds_tensor.element_size()
+            return original(*args, **kwargs)
+
+        setattr(param, name, counted)
+
+    for param in model.parameters():
+        wrap(param, "all_gather_coalesced")
+        wrap(param, "all_gather")
+    return counts
+
+
 def reference_grads(reference):
     return {name: p.grad.detach().clone() for name, p in reference.named_parameters() if p.grad is not None}
 
@@ -267,8 +293,9 @@ def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_b
             if after_backward is not None:
                 after_backward(engine)
 
-            ref_inputs = [t.detach().clone().requires_grad_(t.requires_grad) if t.is_floating_point() else t
-                          for t in inputs]
+            ref_inputs = [
+                t.detach().clone().requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in inputs
+            ]
             ref_loss = reference(*ref_inputs)
             (ref_loss / gas).backward()
             losses.append(loss.item())
