@@ -94,10 +94,20 @@ def run_rank(rank, args):
 
     timeline = []  # memory after each decoder layer's forward and backward, during the last step
     record = [False]
-    layers = [m for m in engine.module.modules() if type(m).__name__ == "LlamaDecoderLayer"]
-    for layer in layers:
-        layer.register_forward_hook(lambda *_: record[0] and timeline.append(torch.cuda.memory_allocated()))
-        layer.register_full_backward_hook(lambda *_: record[0] and timeline.append(torch.cuda.memory_allocated()))
+
+    def sample(*_):
+        # hooks return None: a value would replace the layer's output or the gradient
+        if record[0]:
+            timeline.append(torch.cuda.memory_allocated())
+
+    def after_layer_forward(module, inputs, output):
+        sample()
+        hidden = output[0] if isinstance(output, tuple) else output
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            hidden.register_hook(sample)  # fires as the layer's backward starts
+
+    for layer in (m for m in engine.module.modules() if type(m).__name__ == "LlamaDecoderLayer"):
+        layer.register_forward_hook(after_layer_forward)
 
     times, losses, peaks, backward_peaks, gathered = [], [], [], [], []
     for step in range(args.warmup + args.steps):

@@ -36,3 +36,11 @@ def test_hf_llama_peft_lora(scenario, input_grads):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_hf_llama_peft_lora_half_precision(scenario, dtype):
     scenario(f"{HF}:llama_lora", dtype=dtype)
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1")
+def test_hf_trainer_with_zero3_config(scenario):
+    """transformers' Trainer with a ZeRO-3 config dict: its own DeepSpeed integration builds the
+    model under zero.Init and the engine; PEFT LoRA, non-reentrant gradient checkpointing."""
+    scenario(f"{HF}:trainer_lora")
