@@ -62,9 +62,11 @@ def run_rank(rank, args):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
     import torch
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
     from tests.scenarios.zero3 import count_all_gathers
-    torch.cuda.set_device(rank)
-    deepspeed.init_distributed(dist_backend="nccl")
+    accelerator = get_accelerator()
+    accelerator.set_device(rank)
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     ds_config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
@@ -90,7 +92,7 @@ def run_rank(rank, args):
     engine.train()
     counts = count_all_gathers(engine.module)
     generator = torch.Generator().manual_seed(rank)
-    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=generator).cuda()
+    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=generator).to(accelerator.current_device_name())
 
     timeline = []  # memory after each decoder layer's forward and backward, during the last step
     record = [False]
@@ -98,7 +100,7 @@ def run_rank(rank, args):
     def sample(*_):
         # hooks return None: a value would replace the layer's output or the gradient
         if record[0]:
-            timeline.append(torch.cuda.memory_allocated())
+            timeline.append(accelerator.memory_allocated())
 
     def after_layer_forward(module, inputs, output):
         sample()
@@ -113,18 +115,18 @@ def run_rank(rank, args):
     for step in range(args.warmup + args.steps):
         record[0] = step == args.warmup + args.steps - 1
         before = dict(counts)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        accelerator.synchronize()
+        accelerator.reset_peak_memory_stats()
         start = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
-        torch.cuda.synchronize()
-        forward_peak = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        accelerator.synchronize()
+        forward_peak = accelerator.max_memory_allocated()
+        accelerator.reset_peak_memory_stats()
         engine.backward(loss)
-        torch.cuda.synchronize()
-        backward_peak = torch.cuda.max_memory_allocated()
+        accelerator.synchronize()
+        backward_peak = accelerator.max_memory_allocated()
         engine.step()
-        torch.cuda.synchronize()
+        accelerator.synchronize()
         elapsed = time.perf_counter() - start
         if step >= args.warmup:
             times.append(elapsed)
@@ -137,7 +139,7 @@ def run_rank(rank, args):
         "tree": os.environ.get("PYTHONPATH", ""),
         "deepspeed": deepspeed.__version__,
         "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if accelerator.device_name() == "cuda" else accelerator.device_name(),
         "world_size": args.world_size,
         "shape": {
             k: getattr(args, k)

@@ -1,0 +1,37 @@
+"""The GPU benchmark script runs end to end on CPU at toy size (its figures are not checked here:
+speed and memory are reported by the benchmark, not asserted by tests)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "scripts" / "bench_lifecycle.py"
+
+
+def test_bench_smoke_on_cpu(tmp_path):
+    pytest.importorskip("peft")
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    out = tmp_path / "series.json"
+    subprocess.run([
+        sys.executable,
+        str(BENCH), "--variant", "series", "--out",
+        str(out), "--layers", "2", "--hidden", "256", "--seq", "32", "--batch", "2", "--steps", "2", "--warmup", "1"
+    ],
+                   env=env,
+                   check=True,
+                   timeout=600)
+    result = json.loads(out.read_text())
+    assert "error" not in result, result["error"]
+    assert result["step_s"]["n"] == 2
+    assert result["allgather_gib_per_step"]["frozen"] > 0
+    assert result["timeline_gib"], "the memory timeline of the last step is empty"
+
+    md = tmp_path / "bench.md"
+    subprocess.run([sys.executable, str(BENCH), "--report", str(out), "--md", str(md)], check=True, timeout=120)
+    table = md.read_text()
+    assert "| series |" in table and "failed" not in table
