@@ -24,7 +24,8 @@ extensions = [
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_generated/README.md", "Thumbs.db", ".DS_Store"]
+# generated fragments are included by the pages that show them, not built as pages
+exclude_patterns = ["_build", "_generated/*.md", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3

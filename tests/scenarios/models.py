@@ -1,7 +1,9 @@
 """Small models that put frozen parameters where ZeRO-3 + activation checkpointing trips over them.
 
 Every model takes ``checkpointing``: "none", "module" (non-reentrant, the checkpointed callable is
-the block module), "function" (non-reentrant, a plain function calls the block), or "reentrant".
+the block module), "function" (non-reentrant, the block's forward called as a plain function, so
+that the block's own hooks do not run), "function-relu" (non-reentrant, a function that calls the
+block and a relu after it), or "reentrant".
 """
 
 import torch
@@ -16,7 +18,9 @@ def run_checkpointed(block, checkpointing, *args):
     if checkpointing == "module":
         return checkpoint(block, *args, use_reentrant=False)
     if checkpointing == "function":
-        return checkpoint(lambda *a: block(*a), *args, use_reentrant=False)
+        # the block's forward as a plain function: its own module hooks do not run, only those of
+        # the modules it calls (what upstream 0.19.3 attributes to an outer module)
+        return checkpoint(block.forward, *args, use_reentrant=False)
     if checkpointing == "function-relu":
         # the relu saves its output, so the recompute runs past the block: the block's post-forward
         # fires inside the recompute even when the block is a z3 leaf

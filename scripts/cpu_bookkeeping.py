@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Compare what DeepSpeed trees leave behind in the series' scenarios, on CPU with 2 ranks.
+
+    python scripts/cpu_bookkeeping.py LABEL=TREE[+minimal-skip] ... --md docs/_generated/cpu-bookkeeping.md
+
+Each TREE is a DeepSpeed source tree (its deepspeed/ package is imported by the ranks through
+PYTHONPATH); "+minimal-skip" emulates DeepSpeed PR #8130 on top of that tree. Every measurement
+runs in each tree: a crash is a result. Writes a Markdown table for the RFC.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variants", nargs="+", metavar="LABEL=TREE[+minimal-skip]")
+    parser.add_argument("--md", required=True)
+    args = parser.parse_args()
+    # each tree needs rank processes of its own: no zygote shared across trees
+    os.environ["ZERO3_TEST_FORK"] = "0"
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from tests.harness import RankPool
+
+    columns = []
+    for spec in args.variants:
+        label, sep, tree = spec.partition("=")
+        minimal_skip = tree.endswith("+minimal-skip")
+        tree = tree.removesuffix("+minimal-skip")
+        if not sep or not (Path(tree) / "deepspeed" / "__init__.py").is_file():
+            sys.exit(f"cpu_bookkeeping.py: {spec!r}: expected LABEL=TREE with TREE a DeepSpeed source tree")
+        pool = RankPool(2, env={"PYTHONPATH": str(Path(tree).resolve())}, name=label)
+        try:
+            result = pool.run("tests.scenarios.bookkeeping:measure", minimal_skip=minimal_skip, timeout=900)[0]
+        finally:
+            pool.close()
+        columns.append((label, result))
+        print(f"{label}: {result}")
+
+    rows = [key for key in columns[0][1] if key != "version"]
+    lines = ["| measurement | " + " | ".join(f"{label} ({r['version']})" for label, r in columns) + " |"]
+    lines.append("|---" * (len(columns) + 1) + "|")
+    for row in rows:
+        cells = []
+        for _, result in columns:
+            value = result[row]
+            if isinstance(value, dict):
+                value = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in value.items())
+            cells.append(str(value))
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "CPU, 2 ranks (gloo), torch 2.13.0, ZeRO-3 with prefetch bucket 0, reuse distance 0 and "
+        "persistence threshold 0; produced by `scripts/cpu_bookkeeping.py` from "
+        "`tests/scenarios/bookkeeping.py`. Peaks count frozen parameters gathered at once during "
+        "backward, out of all frozen parameters (a block holds 2).",
+    ]
+    Path(args.md).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.md}")
+
+
+if __name__ == "__main__":
+    main()
