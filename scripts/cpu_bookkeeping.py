@@ -5,7 +5,10 @@
 
 Each TREE is a DeepSpeed source tree (its deepspeed/ package is imported by the ranks through
 PYTHONPATH); "+minimal-skip" emulates DeepSpeed PR #8130 on top of that tree. Every measurement
-runs in each tree: a crash is a result. Writes a Markdown table for the RFC.
+runs in each tree: a crash is a result. Writes a Markdown table for the RFC. The RFC's table was
+made with build/deepspeed-v0.19.2-pristine (scripts/apply.sh v0.19.2 --pristine --dest ...),
+build/deepspeed-v0.19.2 (the series) and the upstream 0.19.3 sdist, unpacked from
+`pip download --no-deps --no-binary :all: deepspeed==0.19.3` (sha256 82b4b92d0cd58f8f...ed2f).
 """
 
 import argparse
