@@ -185,9 +185,10 @@ def test_exception_in_backward_then_next_step(scenario):
     scenario(f"{FROZEN}:exception_in_backward")
 
 
-@pytest.mark.needs_patch(1)
-@pytest.mark.invariants("I1")
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1", "I5")
 def test_several_forwards_then_one_backward(scenario):
+    """Two forwards, then one backward: every invocation of a module gets its post-backward."""
     scenario(f"{FROZEN}:several_forwards_one_backward")
 
 
