@@ -46,7 +46,7 @@ def main():
         print(f"{label}: {result}")
 
     rows = [key for key in columns[0][1] if key != "version"]
-    lines = ["| measurement | " + " | ".join(f"{label} ({r['version']})" for label, r in columns) + " |"]
+    lines = ["| measurement | " + " | ".join(f"{label} ({r['version'].strip()})" for label, r in columns) + " |"]
     lines.append("|---" * (len(columns) + 1) + "|")
     for row in rows:
         cells = []
