@@ -5,7 +5,6 @@ release ledger, post-backward triggers), they read it with a default, so the sam
 pristine v0.19.2 tree, where that state does not exist.
 """
 
-
 import torch
 
 import deepspeed
@@ -90,6 +89,10 @@ def load_reference_weights(engine, reference):
     with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
         for name, ref_param in reference.named_parameters():
             params[name].data.copy_(ref_param.data.to(params[name].dtype))
+    for name, ref_param in reference.named_parameters():
+        loaded = gather_partitions(params[name].ds_tensor.data, params[name])
+        assert torch.equal(loaded.cpu(),
+                           ref_param.data.to(loaded.dtype).cpu()), f"{name}: loading the reference weights failed"
 
 
 def initialize(model, config):
