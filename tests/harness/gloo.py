@@ -15,20 +15,27 @@ def dealias_gloo_collectives():
     if getattr(backend, "_zero3_tests_dealiased", False):
         return
 
-    def separate(output_tensor, input_tensor):
-        if output_tensor.untyped_storage().data_ptr() == input_tensor.untyped_storage().data_ptr():
-            return input_tensor.clone()
-        return input_tensor
+    class _Completed:
+        """The handle of a collective that has already finished."""
 
-    all_gather_into_tensor = backend.all_gather_into_tensor
-    reduce_scatter_tensor = backend.reduce_scatter_tensor
+        def wait(self, *args, **kwargs):
+            return True
 
-    def all_gather_dealiased(output_tensor, input_tensor, *args, **kwargs):
-        return all_gather_into_tensor(output_tensor, separate(output_tensor, input_tensor), *args, **kwargs)
+        def is_completed(self):
+            return True
 
-    def reduce_scatter_dealiased(output_tensor, input_tensor, *args, **kwargs):
-        return reduce_scatter_tensor(output_tensor, separate(output_tensor, input_tensor), *args, **kwargs)
+    def dealiased(collective):
 
-    backend.all_gather_into_tensor = all_gather_dealiased
-    backend.reduce_scatter_tensor = reduce_scatter_dealiased
+        def run(output_tensor, input_tensor, *args, async_op=False, **kwargs):
+            if output_tensor.untyped_storage().data_ptr() != input_tensor.untyped_storage().data_ptr():
+                return collective(output_tensor, input_tensor, *args, async_op=async_op, **kwargs)
+            # run it synchronously: the copy must outlive the collective, and an asynchronous
+            # handle would not keep it alive
+            collective(output_tensor, input_tensor.clone(), *args, async_op=False, **kwargs)
+            return _Completed() if async_op else None
+
+        return run
+
+    backend.all_gather_into_tensor = dealiased(backend.all_gather_into_tensor)
+    backend.reduce_scatter_tensor = dealiased(backend.reduce_scatter_tensor)
     backend._zero3_tests_dealiased = True

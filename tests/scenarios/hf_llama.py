@@ -64,10 +64,10 @@ def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
     if zero_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = tiny_llama_lora(input_grads)
+        load_reference_weights(model, reference)
     else:
         model = tiny_llama_lora(input_grads)
     engine = initialize(model, config)
-    load_reference_weights(engine, reference)
     reference = reference.to(device=engine.device, dtype=DTYPES[dtype])
     engine.train()
     reference.train()
@@ -126,13 +126,9 @@ def trainer_lora(*, steps=3):
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
 
-    # the reference: the same weights, gathered once, in a plain torch model
+    # the reference, a plain torch model, and the ZeRO model start from the same weights
     reference = tiny_llama_lora(input_grads=False).model
-    params = list(model.parameters())
-    with deepspeed.zero.GatheredParameters([p for p in params if hasattr(p, "ds_id")]), torch.no_grad():
-        for (name, param), (ref_name, ref_param) in zip(model.named_parameters(), reference.named_parameters()):
-            assert name == ref_name, (name, ref_name)
-            ref_param.copy_(param.data.to(ref_param.dtype))
+    load_reference_weights(model, reference)
 
     ids = torch.randint(0, VOCAB, (8, ), generator=torch.Generator().manual_seed(5))
     dataset = [{"input_ids": ids, "labels": ids} for _ in range(2 * steps * 2)]

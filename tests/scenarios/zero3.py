@@ -70,29 +70,37 @@ def build(factory, config, *, zero_init=False, seed=1234):
     if zero_init:
         with deepspeed.zero.Init(config_dict_or_path=config):
             model = factory()
+        load_reference_weights(model, reference)
     else:
         model = factory()
     engine = initialize(model, config)
-    if zero_init:
-        load_reference_weights(engine, reference)
     dtype = DTYPES[dtype_of(config)]
     reference = reference.to(device=engine.device, dtype=dtype)
     return engine, reference
 
 
-def load_reference_weights(engine, reference):
-    """Starts a model built under zero.Init from the reference's weights: zero.Init initialises on
-    the accelerator, whose random generator differs from the CPU's, and Hugging Face initialises
-    after construction, which partitioned parameters ignore. (What the gather returns is
-    overwritten, so its in-place all-gather does not matter here; the broadcast from rank 0 does.)"""
-    params = dict(engine.module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
+def load_reference_weights(model, reference):
+    """Gives a model built under zero.Init the reference's weights, before deepspeed.initialize
+    copies them into the optimizer: zero.Init initialises on the accelerator, whose random
+    generator differs from the CPU's, and Hugging Face initialises after construction, which
+    partitioned parameters ignore.
+
+    Each rank writes its own partition (DeepSpeed's layout: the flattened parameter cut into
+    world-size equal parts, the last one zero-padded), so no collective is involved; DeepSpeed's
+    GatheredParameters(modifier_rank=0) now and then failed to load on gloo.
+    """
+    rank = dist.get_rank()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
         for name, ref_param in reference.named_parameters():
-            params[name].data.copy_(ref_param.data.to(params[name].dtype))
-    for name, ref_param in reference.named_parameters():
-        loaded = gather_partitions(params[name].ds_tensor.data, params[name])
-        assert torch.equal(loaded.cpu(),
-                           ref_param.data.to(loaded.dtype).cpu()), f"{name}: loading the reference weights failed"
+            param = params[name]
+            if not hasattr(param, "ds_tensor"):  # added after zero.Init, converted by initialize
+                param.data.copy_(ref_param.data.to(param.dtype))
+                continue
+            local = param.ds_tensor.data
+            part = ref_param.data.flatten()[rank * local.numel():(rank + 1) * local.numel()]
+            local.zero_()
+            local[:part.numel()].copy_(part.to(device=local.device, dtype=local.dtype))
 
 
 def initialize(model, config):
