@@ -83,16 +83,7 @@ def _no_grad_input():
 
 def _reentrant_detached():
 
-    class DetachingBlock(models.NormLinear):
-
-        def __init__(self, dim):
-            super().__init__(dim)
-            self.norm.requires_grad_(False)
-
-        def forward(self, x):
-            return self.lin(x) + self.norm(x.detach())
-
-    engine = _engine(models.Stack([DetachingBlock(DIM) for _ in range(2)], DIM, "reentrant"))
+    engine = _engine(models.detaching_stack(DIM, 2, "reentrant"))
     engine.backward(engine(batch(0, (2, DIM), device=engine.device)))
     left = len(frozen_available(engine))
     engine.step()

@@ -275,16 +275,7 @@ def reentrant_detached_frozen():
     minimal coordinator skip leaves the norm gathered."""
     config = lifecycle_config()
 
-    class DetachingBlock(models.NormLinear):
-
-        def __init__(self, dim):
-            super().__init__(dim)
-            self.norm.requires_grad_(False)
-
-        def forward(self, x):
-            return self.lin(x) + self.norm(x.detach())
-
-    factory = lambda: models.Stack([DetachingBlock(DIM) for _ in range(2)], DIM, "reentrant")
+    factory = functools.partial(models.detaching_stack, DIM, 2, "reentrant")
     return _build_and_train(factory, config)
 
 

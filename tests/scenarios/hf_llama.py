@@ -25,20 +25,32 @@ class CausalLMLoss(torch.nn.Module):
         return self.model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
 
 
-def tiny_llama_lora(input_grads):
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_llama_config():
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=VOCAB,
-                         hidden_size=32,
-                         intermediate_size=64,
-                         num_hidden_layers=2,
-                         num_attention_heads=4,
-                         num_key_value_heads=2,
-                         max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    return LlamaConfig(vocab_size=VOCAB,
+                       hidden_size=32,
+                       intermediate_size=64,
+                       num_hidden_layers=2,
+                       num_attention_heads=4,
+                       num_key_value_heads=2,
+                       max_position_embeddings=64,
+                       tie_word_embeddings=False)
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def tiny_llama_lora(input_grads):
+    from peft import get_peft_model
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config()
     model = LlamaForCausalLM(config)
-    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora = lora_config()
     # fp32 adapters on a bf16 base trip a separate mixed-dtype all-gather bug in v0.19.2
     model = get_peft_model(model, lora, autocast_adapter_dtype=False)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -87,8 +99,8 @@ def trainer_lora(*, steps=3):
     runs its steps, and ZeRO-3 is quiescent afterwards. v0.19.2: CheckpointError."""
     import tempfile
 
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     ds_config = lifecycle_config()
     ds_config["train_micro_batch_size_per_gpu"] = "auto"
@@ -109,17 +121,10 @@ def trainer_lora(*, steps=3):
                              save_strategy="no",
                              report_to=[],
                              disable_tqdm=True)
-    config = LlamaConfig(vocab_size=VOCAB,
-                         hidden_size=32,
-                         intermediate_size=64,
-                         num_hidden_layers=2,
-                         num_attention_heads=4,
-                         num_key_value_heads=2,
-                         max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = tiny_llama_config()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora = lora_config()
     model = get_peft_model(model, lora, autocast_adapter_dtype=False)
     torch.manual_seed(1)
     for name, param in model.named_parameters():

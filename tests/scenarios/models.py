@@ -147,6 +147,22 @@ def trainable_stack(dim=8, depth=2, checkpointing="module"):
     return Stack([NormLinear(dim) for _ in range(depth)], dim, checkpointing)
 
 
+class DetachingBlock(NormLinear):
+    """A frozen norm fed a detached copy of the block's input: nothing of the norm is saved for
+    backward, so nothing may hold it gathered there."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.norm.requires_grad_(False)
+
+    def forward(self, x):
+        return self.lin(x) + self.norm(x.detach())
+
+
+def detaching_stack(dim=8, depth=2, checkpointing="reentrant"):
+    return Stack([DetachingBlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
 def lora_stack(dim=8, depth=2, checkpointing="module"):
     return Stack([LoRABlock(dim) for _ in range(depth)], dim, checkpointing)
 
