@@ -236,6 +236,13 @@ def test_frozen_all_gather_volume_matches_no_checkpointing(scenario):
     scenario(f"{FROZEN}:all_gather_volume")
 
 
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I10")
+@pytest.mark.parametrize("checkpointing", ["module", "reentrant"])
+def test_embedding_without_backward_not_gathered_in_backward(scenario, checkpointing):
+    scenario(f"{FROZEN}:embedding_without_backward", checkpointing=checkpointing)
+
+
 @pytest.mark.needs_patch(0)
 @pytest.mark.invariants("I6")
 def test_full_finetune_unchanged(scenario):

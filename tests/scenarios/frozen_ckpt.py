@@ -356,6 +356,32 @@ def no_backward_consumer(*, checkpointing="module"):
     return result
 
 
+def embedding_without_backward(*, checkpointing="module"):
+    """Frozen input embeddings whose output a forward hook makes require grad (transformers'
+    enable_input_require_grads()) have no backward, so backward must gather nothing of theirs.
+    v0.19.2: the embedding's pre-backward all-gathers its weight in every backward, for nothing
+    (a 7B Llama's bf16 embedding table: 0.24 GiB per step)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.InputGradsEmbeddingModel, 16, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    counts = count_all_gathers(engine.module)  # the embedding is the only frozen parameter
+    after_forward, gathered_in_backward = {}, []
+
+    def make_inputs(step):
+        return (torch.randint(0, 16, (2, ), generator=torch.Generator().manual_seed(step)).to(engine.device), )
+
+    result = train(engine,
+                   reference,
+                   make_inputs,
+                   after_forward=lambda engine: after_forward.update(counts),
+                   after_backward=lambda engine: gathered_in_backward.append(counts["frozen"] - after_forward["frozen"]))
+    engine.destroy()
+    assert gathered_in_backward, "no backward ran"
+    assert not any(gathered_in_backward), (f"the frozen embedding was all-gathered in backward: "
+                                           f"{gathered_in_backward} bytes per backward")
+    return result
+
+
 def all_gather_volume(*, steps=3):
     """Frozen-param all-gather volume per step with non-reentrant checkpointing equals the volume
     without checkpointing: the recompute's gather is reused by the module's backward.

@@ -198,6 +198,27 @@ class EmbeddingModel(torch.nn.Module):
         return self.head(run_checkpointed(self.block, self.checkpointing, ids, x)).pow(2).mean()
 
 
+def _make_output_require_grad(module, inputs, output):
+    # what transformers' enable_input_require_grads() registers on the input embeddings
+    output.requires_grad_(True)
+
+
+class InputGradsEmbeddingModel(torch.nn.Module):
+    """Frozen input embeddings whose output a forward hook turns into a leaf that requires grad, as
+    transformers does whenever gradient checkpointing is enabled, in front of trainable blocks. The
+    embedding has no backward: its graph ends at that leaf."""
+
+    def __init__(self, vocab=16, dim=8, depth=2, checkpointing="module"):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.embed.requires_grad_(False)
+        self.embed.register_forward_hook(_make_output_require_grad)
+        self.stack = trainable_stack(dim, depth, checkpointing)
+
+    def forward(self, ids):
+        return self.stack(self.embed(ids))
+
+
 class TwoBranchLeaf(torch.nn.Module):
     """A multi-output module (MoE-style) meant to be a z3 leaf: its backward hooks fire once per
     output, from several autograd threads."""
