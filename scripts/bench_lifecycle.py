@@ -17,6 +17,7 @@ on q/k/v/o, bf16, built under deepspeed.zero.Init as Hugging Face does under ZeR
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -58,6 +59,75 @@ def build_model(args, ds_config):
     return model
 
 
+class CoordinatorProbe:
+    """Where a step's parameter fetches wait, measured inside ZeRO-3's coordinator.
+
+    Wraps PartitionedParameterCoordinator.fetch_sub_module and _invalidate_trace (class-wide, so
+    it works on any DeepSpeed tree). Per fetch phase (forward, recompute: a forward inside a
+    backward graph task, backward) it adds up the host seconds spent in the fetch and the bytes the
+    fetch found NOT_AVAILABLE (gathered on demand, nothing overlapped) or INFLIGHT (prefetched, then
+    waited for). A prefetch that works leaves the on-demand bytes near zero after the first step.
+    """
+
+    def __init__(self):
+        import torch
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
+        self.totals = {}
+        self.invalidations = 0
+        fetch, invalidate = C.fetch_sub_module, C._invalidate_trace
+        probe = self
+
+        def timed_fetch(coordinator, module, forward):
+            if not forward:
+                phase = "backward"
+            else:
+                phase = "recompute" if torch._C._current_graph_task_id() != -1 else "forward"
+            recurse = getattr(module, "ds_z3_leaf", False)
+            for param in module.parameters(recurse=recurse):
+                if hasattr(param, "ds_status"):
+                    key = f"{phase}_{param.ds_status.name.lower()}_gib"
+                    probe.add(key, param.ds_numel * param.ds_tensor.element_size() / 2**30)
+            start = time.perf_counter()
+            try:
+                return fetch(coordinator, module, forward)
+            finally:
+                probe.add(f"{phase}_fetch_s", time.perf_counter() - start)
+
+        def counted_invalidate(coordinator):
+            probe.invalidations += 1
+            return invalidate(coordinator)
+
+        C.fetch_sub_module, C._invalidate_trace = timed_fetch, counted_invalidate
+
+    def add(self, key, value):
+        self.totals[key] = self.totals.get(key, 0.0) + value
+
+    def take(self):
+        """The totals since the last call, and the trace invalidations among them."""
+        totals, self.totals = self.totals, {}
+        totals["trace_invalidations"], self.invalidations = self.invalidations, 0
+        return totals
+
+
+def profile_step(engine, ids, accelerator):
+    """One extra, untimed step under torch.profiler: the ops where host and device spend the step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        accelerator.synchronize()
+    averages = prof.key_averages()
+    tables = {"self_cpu": averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)}
+    if torch.cuda.is_available():
+        tables["self_device"] = averages.table(sort_by="self_cuda_time_total",
+                                               row_limit=25,
+                                               max_name_column_width=60)
+    return tables
+
+
 def run_rank(rank, args):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
     import torch
@@ -84,6 +154,7 @@ def run_rank(rank, args):
             "stage": 3
         },
     }
+    probe = CoordinatorProbe()
     torch.manual_seed(0)
     model = build_model(args, ds_config)
     engine, *_ = deepspeed.initialize(model=model,
@@ -111,29 +182,39 @@ def run_rank(rank, args):
     for layer in (m for m in engine.module.modules() if type(m).__name__ == "LlamaDecoderLayer"):
         layer.register_forward_hook(after_layer_forward)
 
-    times, losses, peaks, backward_peaks, gathered = [], [], [], [], []
+    times, phases, probes, losses, peaks, backward_peaks, gathered = [], [], [], [], [], [], []
     for step in range(args.warmup + args.steps):
         record[0] = step == args.warmup + args.steps - 1
         before = dict(counts)
+        probe.take()
         accelerator.synchronize()
         accelerator.reset_peak_memory_stats()
         start = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
         accelerator.synchronize()
+        forward_end = time.perf_counter()
         forward_peak = accelerator.max_memory_allocated()
         accelerator.reset_peak_memory_stats()
         engine.backward(loss)
         accelerator.synchronize()
+        backward_end = time.perf_counter()
         backward_peak = accelerator.max_memory_allocated()
         engine.step()
         accelerator.synchronize()
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
         if step >= args.warmup:
-            times.append(elapsed)
+            times.append(end - start)
+            phases.append({
+                "forward": forward_end - start,
+                "backward": backward_end - forward_end,
+                "optimizer": end - backward_end
+            })
+            probes.append(probe.take())
             peaks.append(max(forward_peak, backward_peak))
             backward_peaks.append(backward_peak)
             gathered.append({k: counts[k] - before[k] for k in counts})
         losses.append(loss.item())
+    profile = profile_step(engine, ids, accelerator) if args.profile else None
     result = {
         "variant": args.variant,
         "tree": os.environ.get("PYTHONPATH", ""),
@@ -149,8 +230,18 @@ def run_rank(rank, args):
             "median": statistics.median(times),
             "min": min(times),
             "max": max(times),
-            "n": len(times)
+            "n": len(times),
+            "all": times
         },
+        "phase_s": {
+            k: statistics.median(p[k] for p in phases)
+            for k in phases[0]
+        },
+        "coordinator": {
+            k: statistics.median(p.get(k, 0.0) for p in probes)
+            for k in sorted(set().union(*probes))
+        },
+        "alloc_retries": accelerator.memory_stats().get("num_alloc_retries", 0),
         "peak_gib": max(peaks) / 2**30,
         "backward_peak_gib": max(backward_peaks) / 2**30,
         "allgather_gib_per_step": {
@@ -160,10 +251,13 @@ def run_rank(rank, args):
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "timeline_gib": [m / 2**30 for m in timeline],
+        "profile": profile,
     }
     if rank == 0:
         with open(args.out, "w") as out:
             json.dump(result, out, indent=1)
+        for name, table in (profile or {}).items():
+            print(f"== {args.variant}: one profiled step, by {name} time\n{table}", flush=True)
     engine.destroy()
 
 
@@ -174,36 +268,118 @@ def run_variant(args):
     try:
         mp.spawn(run_rank, args=(args, ), nprocs=args.world_size, join=True)
     except Exception as error:  # a crash (pristine non-reentrant) is a result too
-        message = str(error).strip().splitlines()
+        summary = exception_summary(str(error))
         with open(args.out, "w") as out:
-            json.dump({
-                "variant": args.variant,
-                "tree": os.environ.get("PYTHONPATH", ""),
-                "error": message[-1][:300]
-            },
-                      out,
-                      indent=1)
-        print(f"{args.variant}: failed: {message[-1][:300]}", file=sys.stderr)
+            json.dump({"variant": args.variant, "tree": os.environ.get("PYTHONPATH", ""), "error": summary}, out, indent=1)
+        print(f"{args.variant}: failed: {summary}", file=sys.stderr)
+
+
+def exception_summary(text, limit=300):
+    """The exception line of a rank's traceback ("CheckpointError: ..."), not its last line of text:
+    torch's CheckpointError message ends with several lines of advice."""
+    lines = text.strip().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[\w.]+(Error|Exception): ", line):
+            message = " ".join(part.strip() for part in lines[i:i + 3])
+            return message[:limit]
+    return (lines[-1] if lines else "unknown error")[:limit]
+
+
+def group_runs(results):
+    """Runs of one variant on one tree form a group, in the order the groups first ran."""
+    groups = {}
+    for r in results:
+        tree = os.path.basename(r.get("tree", "").rstrip("/")) or "installed"
+        groups.setdefault((r["variant"], tree), []).append(r)
+    return groups
+
+
+def summarize(runs):
+    """One group's figures: step time over all runs' steps, memory at its worst, the rest from run 1."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return None
+    steps = [t for r in ok for t in r["step_s"]["all"]]
+    return {
+        "runs": len(ok),
+        "run_medians": [r["step_s"]["median"] for r in ok],
+        "median": statistics.median(steps),
+        "min": min(steps),
+        "max": max(steps),
+        "peak_gib": max(r["peak_gib"] for r in ok),
+        "backward_peak_gib": max(r["backward_peak_gib"] for r in ok),
+        "gather": ok[0]["allgather_gib_per_step"],
+        "phase_s": {k: statistics.median(r["phase_s"][k] for r in ok)
+                    for k in ok[0]["phase_s"]},
+        "coordinator": ok[0]["coordinator"],
+        "alloc_retries": max(r["alloc_retries"] for r in ok),
+        "loss": (ok[0]["loss_first"], ok[0]["loss_last"]),
+        "first": ok[0],
+    }
+
+
+def targets(summaries):
+    """Issue 6's targets for the series, each judged from the measured figures, met or not."""
+    series = summaries.get("series")
+    if series is None:
+        return ["- The series did not run: no target can be judged."]
+    lines = []
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+
+    def total(s):
+        return s["gather"]["frozen"] + s["gather"]["trainable"]
+
+    reference = summaries.get("no-ckpt")
+    if reference:
+        lines.append(f"- All-gather volume per step ≤ the run without checkpointing: {verdict(total(series) <= total(reference))} "
+                     f"({total(series):.3f} vs {total(reference):.3f} GiB).")
+    bounds = {k: summaries[k]["peak_gib"] for k in ("reentrant", "upstream") if summaries.get(k)}
+    if bounds:
+        named = ", ".join(f"{k} {v:.2f} GiB" for k, v in bounds.items())
+        lines.append(f"- Peak memory ≤ min({', '.join(bounds)}): {verdict(series['peak_gib'] <= min(bounds.values()))} "
+                     f"({series['peak_gib']:.2f} GiB; {named}).")
+    if summaries.get("reentrant"):
+        reentrant = summaries["reentrant"]
+        lines.append(f"- Median step time ≤ the reentrant workaround's: {verdict(series['median'] <= reentrant['median'])} "
+                     f"({series['median']:.3f} vs {reentrant['median']:.3f} s, "
+                     f"ratio {series['median'] / reentrant['median']:.2f}).")
+    return lines
 
 
 def report(paths, md_path, png_path):
     results = [json.load(open(p)) for p in paths]
+    groups = group_runs(results)
     lines = [
-        "| variant | tree | median step (s) [min, max] | peak alloc (GiB) | backward peak (GiB) | "
-        "all-gather/step frozen (GiB) | trainable (GiB) | loss first → last |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | tree | runs | median step (s) [min, max] | run medians (s) | peak alloc (GiB) | "
+        "backward peak (GiB) | all-gather/step frozen (GiB) | trainable (GiB) | loss first → last |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        tree = os.path.basename(r.get("tree", "").rstrip("/")) or "installed"
-        if "error" in r:
-            lines.append(f"| {r['variant']} | {tree} | failed: {r['error']} | | | | | |")
+    summaries = {}  # for the targets: series, reentrant, no-ckpt, and upstream (non-reentrant that ran)
+    timing = [
+        "| variant | tree | forward (s) | backward (s) | optimizer (s) | fetch wait fwd / recompute / bwd (s) | "
+        "gathered on demand fwd / recompute / bwd (GiB) | trace invalidations | allocator retries |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (variant, tree), runs in groups.items():
+        s = summarize(runs)
+        if s is None:
+            lines.append(f"| {variant} | {tree} | {len(runs)} | failed: {runs[0]['error']} | | | | | | |")
             continue
-        s = r["step_s"]
-        lines.append(f"| {r['variant']} | {tree} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] | "
-                     f"{r['peak_gib']:.2f} | {r['backward_peak_gib']:.2f} | "
-                     f"{r['allgather_gib_per_step']['frozen']:.3f} | {r['allgather_gib_per_step']['trainable']:.3f} | "
-                     f"{r['loss_first']:.3f} → {r['loss_last']:.3f} |")
-    ok = [r for r in results if "error" not in r]
+        summaries["upstream" if variant == "nonreentrant" else variant] = s
+        medians = ", ".join(f"{m:.3f}" for m in s["run_medians"])
+        lines.append(f"| {variant} | {tree} | {s['runs']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] | "
+                     f"{medians} | {s['peak_gib']:.2f} | {s['backward_peak_gib']:.2f} | "
+                     f"{s['gather']['frozen']:.3f} | {s['gather']['trainable']:.3f} | "
+                     f"{s['loss'][0]:.3f} → {s['loss'][1]:.3f} |")
+        c, p = s["coordinator"], s["phase_s"]
+        waits = " / ".join(f"{c.get(f'{ph}_fetch_s', 0.0):.3f}" for ph in ("forward", "recompute", "backward"))
+        demand = " / ".join(f"{c.get(f'{ph}_not_available_gib', 0.0):.3f}"
+                            for ph in ("forward", "recompute", "backward"))
+        timing.append(f"| {variant} | {tree} | {p['forward']:.3f} | {p['backward']:.3f} | {p['optimizer']:.3f} | "
+                      f"{waits} | {demand} | {c.get('trace_invalidations', 0):.0f} | {s['alloc_retries']} |")
+    ok = [s["first"] for s in summaries.values()]
     if ok:
         r = ok[0]
         lines += [
@@ -211,8 +387,13 @@ def report(paths, md_path, png_path):
             f"{r['gpu']} × {r['world_size']}, torch {r['torch']}, DeepSpeed {r['deepspeed']}; Llama "
             f"{r['shape']['layers']} layers, hidden {r['shape']['hidden']}, sequence {r['shape']['seq']}, "
             f"{r['shape']['batch']} per GPU, LoRA r=16 on q/k/v/o, bf16, ZeRO-3 defaults; step time over "
-            f"{r['step_s']['n']} steps after warm-up; all-gather bytes counted at the parameters' gather calls.",
-        ]
+            f"{r['step_s']['n']} steps after warm-up in each run, runs as separate processes; all-gather "
+            f"bytes counted at the parameters' gather calls; memory from the allocator on rank 0.",
+            "",
+            "Where the time goes (medians per step; fetch wait is host time inside ZeRO-3's "
+            "`fetch_sub_module`; on demand means the fetch found the parameter not prefetched):",
+            "",
+        ] + timing + ["", "Targets:", ""] + targets(summaries)
     with open(md_path, "w") as md:
         md.write("\n".join(lines) + "\n")
     if png_path and ok:
@@ -240,6 +421,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="profile one extra step and keep the op tables")
     parser.add_argument("--report", nargs="+", metavar="JSON")
     parser.add_argument("--md")
     parser.add_argument("--png")

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The benchmark of issue 6, all variants in one run, then the report the RFC includes:
-#   series     v0.19.2 + the series, non-reentrant checkpointing on every decoder layer
-#   reentrant  pristine v0.19.2 with use_reentrant=True (the downstream workaround)
-#   no-ckpt    pristine v0.19.2 without checkpointing (the reference)
-#   upstream   non-reentrant on the tree in $ZERO3_BENCH_UPSTREAM_TREE (e.g. an unpacked 0.19.8
-#              sdist), when set
+#   series        v0.19.2 + the series, non-reentrant checkpointing on every decoder layer
+#   reentrant     pristine v0.19.2 with use_reentrant=True (the downstream workaround)
+#   no-ckpt       pristine v0.19.2 without checkpointing (the reference)
+#   nonreentrant  pristine v0.19.2 non-reentrant: the crash this project fixes, reported as such
+#                 (once); and the tree in $ZERO3_BENCH_UPSTREAM_TREE (e.g. an unpacked 0.19.8
+#                 sdist), when set
+# Every variant but the crash runs $ZERO3_BENCH_REPEATS times (default 2) as separate processes,
+# interleaved, so that run-to-run spread shows; the first round also profiles one extra step.
 # Usage: scripts/run-bench.sh [OUTDIR] [-- options for scripts/bench_lifecycle.py]. Run by
 # `tox -e bench` on a host with 2 GPUs; writes OUTDIR/*.json and docs/_generated/bench.{md,png}.
 set -euo pipefail
@@ -13,22 +16,39 @@ PYTHON=${PYTHON:-python}
 out=${1:-build/bench}
 shift || true
 [[ ${1:-} == -- ]] && shift
+repeats=${ZERO3_BENCH_REPEATS:-2}
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "run-bench.sh: ZERO3_BENCH_REPEATS must be a positive integer, not '$repeats'" >&2; exit 2; }
 mkdir -p "$out"
 bash scripts/apply.sh v0.19.2 --dest build/deepspeed-v0.19.2-bench
 bash scripts/apply.sh v0.19.2 --pristine --dest build/deepspeed-v0.19.2-bench-pristine
 runs=("series=build/deepspeed-v0.19.2-bench" "reentrant=build/deepspeed-v0.19.2-bench-pristine"
       "no-ckpt=build/deepspeed-v0.19.2-bench-pristine")
 if [[ -n ${ZERO3_BENCH_UPSTREAM_TREE:-} ]]; then
+    [[ -d $ZERO3_BENCH_UPSTREAM_TREE/deepspeed ]] || {
+        echo "run-bench.sh: ZERO3_BENCH_UPSTREAM_TREE=$ZERO3_BENCH_UPSTREAM_TREE holds no deepspeed/ package" >&2
+        exit 2
+    }
     runs+=("nonreentrant=$ZERO3_BENCH_UPSTREAM_TREE")
 fi
 results=()
-for run in "${runs[@]}"; do
-    variant=${run%%=*}
-    tree=${run#*=}
+bench() {  # bench VARIANT TREE JSON [options]
+    local variant=$1 tree=$2 json=$3
+    shift 3
     echo "== $variant on $tree"
-    PYTHONPATH=$PWD/$tree DS_BUILD_OPS=0 "$PYTHON" scripts/bench_lifecycle.py --variant "$variant" \
-        --out "$out/$variant.json" "$@"
-    results+=("$out/$variant.json")
+    PYTHONPATH=$(cd "$tree" && pwd) DS_BUILD_OPS=0 "$PYTHON" scripts/bench_lifecycle.py --variant "$variant" \
+        --out "$json" "$@"
+    results+=("$json")
+}
+for ((round = 1; round <= repeats; round++)); do
+    profile=()
+    ((round == 1)) && profile=(--profile)
+    for run in "${runs[@]}"; do
+        variant=${run%%=*}
+        bench "$variant" "${run#*=}" "$out/$variant-$round.json" "${profile[@]}" "$@"
+    done
+    if ((round == 1)); then
+        bench nonreentrant build/deepspeed-v0.19.2-bench-pristine "$out/pristine-nonreentrant.json" "$@"
+    fi
 done
 "$PYTHON" scripts/bench_lifecycle.py --report "${results[@]}" --md docs/_generated/bench.md \
     --png docs/_generated/bench.png
