@@ -214,6 +214,7 @@ def run_rank(rank, args):
             backward_peaks.append(backward_peak)
             gathered.append({k: counts[k] - before[k] for k in counts})
         losses.append(loss.item())
+    record[0] = False  # the timeline is the last timed step's, not the profiled step's
     profile = profile_step(engine, ids, accelerator) if args.profile else None
     result = {
         "variant": args.variant,
@@ -315,6 +316,9 @@ def summarize(runs):
         "alloc_retries": max(r["alloc_retries"] for r in ok),
         "loss": (ok[0]["loss_first"], ok[0]["loss_last"]),
         "first": ok[0],
+        # a profiled run's timeline may hold the profiled step too (before the script stopped
+        # recording there): plot an unprofiled run where there is one
+        "timeline": next((r for r in ok if not r.get("profile")), ok[0])["timeline_gib"],
     }
 
 
@@ -368,6 +372,7 @@ def report(paths, md_path, png_path):
             lines.append(f"| {variant} | {tree} | {len(runs)} | failed: {runs[0]['error']} | | | | | | |")
             continue
         summaries["upstream" if variant == "nonreentrant" else variant] = s
+        s["label"] = f"{variant} (DeepSpeed {s['first']['deepspeed'].strip()})" if variant == "nonreentrant" else variant
         medians = ", ".join(f"{m:.3f}" for m in s["run_medians"])
         lines.append(f"| {variant} | {tree} | {s['runs']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] | "
                      f"{medians} | {s['peak_gib']:.2f} | {s['backward_peak_gib']:.2f} | "
@@ -384,7 +389,7 @@ def report(paths, md_path, png_path):
         r = ok[0]
         lines += [
             "",
-            f"{r['gpu']} × {r['world_size']}, torch {r['torch']}, DeepSpeed {r['deepspeed']}; Llama "
+            f"{r['gpu']} × {r['world_size']}, torch {r['torch']}, DeepSpeed {r['deepspeed'].strip()}; Llama "
             f"{r['shape']['layers']} layers, hidden {r['shape']['hidden']}, sequence {r['shape']['seq']}, "
             f"{r['shape']['batch']} per GPU, LoRA r=16 on q/k/v/o, bf16, ZeRO-3 defaults; step time over "
             f"{r['step_s']['n']} steps after warm-up in each run, runs as separate processes; all-gather "
@@ -401,9 +406,12 @@ def report(paths, md_path, png_path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 4))
-        for r in ok:
-            ax.plot(r["timeline_gib"], label=r["variant"])
-        ax.set_xlabel("decoder-layer hook events in one step (forward, then backward)")
+        for s in summaries.values():
+            # reentrant checkpointing runs the layers' forward hooks again in backward: scale each
+            # timeline to the step so that forward and backward line up across variants
+            n = max(len(s["timeline"]) - 1, 1)
+            ax.plot([i / n for i in range(len(s["timeline"]))], s["timeline"], label=s["label"])
+        ax.set_xlabel("progress through one step: decoder-layer forward ends, then backward starts (scaled)")
         ax.set_ylabel("allocated GiB (rank 0)")
         ax.legend()
         fig.tight_layout()

@@ -35,3 +35,27 @@ def test_bench_smoke_on_cpu(tmp_path):
     subprocess.run([sys.executable, str(BENCH), "--report", str(out), "--md", str(md)], check=True, timeout=120)
     table = md.read_text()
     assert "| series |" in table and "failed" not in table
+
+
+def test_host_overhead_profile_smoke_on_cpu(tmp_path):
+    pytest.importorskip("peft")
+    script = ROOT / "scripts" / "profile_host_overhead.py"
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    runs = []
+    for variant in ("series", "no-ckpt"):
+        out = tmp_path / f"{variant}.json"
+        subprocess.run([
+            sys.executable,
+            str(script), "--variant", variant, "--out",
+            str(out), "--layers", "2", "--steps", "1", "--warmup", "1"
+        ],
+                       env=env,
+                       check=True,
+                       timeout=600)
+        result = json.loads(out.read_text())
+        assert result["own_s_per_step"]["backward"], "the backward profile is empty"
+        runs.append(str(out))
+    md = tmp_path / "host.md"
+    subprocess.run([sys.executable, str(script), "--compare", *runs, "--md", str(md)], check=True, timeout=120)
+    text = md.read_text()
+    assert "**Forward**" in text and "**Backward**" in text and "| series (ms/step) |" in text

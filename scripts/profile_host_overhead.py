@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Where the host time of a ZeRO-3 training step goes, per Python function, on CPU.
+
+The GPU benchmark (scripts/bench_lifecycle.py) at 4 sequences per GPU is bound by the host:
+its step time is mostly Python in hooks. This profiles the same model structure (a Llama with
+PEFT LoRA on q/k/v/o, built under deepspeed.zero.Init), shrunk so that it runs on a CPU, in one
+process (world size 1, gloo), and records cProfile's own time per function for the forward and
+for the backward, per step. Comparing two runs shows which functions make one slower:
+
+    PYTHONPATH=<patched tree> DS_ACCELERATOR=cpu python scripts/profile_host_overhead.py \\
+        --variant series --out build/host/series.json
+    PYTHONPATH=<pristine tree> DS_ACCELERATOR=cpu python scripts/profile_host_overhead.py \\
+        --variant reentrant --out build/host/reentrant.json
+    python scripts/profile_host_overhead.py --compare build/host/series.json build/host/reentrant.json \\
+        --md docs/_generated/host-overhead.md
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import re
+import statistics
+import sys
+import time
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.dirname(SCRIPTS))
+
+from bench_lifecycle import VARIANTS, build_model  # noqa: E402  (the benchmark's model, at CPU size)
+
+
+def function_name(key):
+    """'file:line(function)' without the installation-specific directories."""
+    path, line, function = key
+    path = re.sub(r"^.*/(site-packages|deepspeed-[^/]+|ds)/(?=deepspeed/|torch/|transformers/|peft/)", "", path)
+    return f"{path}({function})" if path != "~" else function
+
+
+def own_time_per_step(profile, steps):
+    stats = pstats.Stats(profile)
+    return {function_name(key): value[2] / steps for key, value in stats.stats.items()}
+
+
+def run(args):
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29700 + os.getpid() % 200))
+    import torch
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="gloo")
+    ds_config = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "bf16": {
+            "enabled": True
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": 1e-4,
+                "torch_adam": True
+            }
+        },
+        "zero_optimization": {
+            "stage": 3
+        },
+    }
+    torch.manual_seed(0)
+    model = build_model(args, ds_config)
+    engine, *_ = deepspeed.initialize(model=model,
+                                      model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                      config=ds_config)
+    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    profiles = {"forward": cProfile.Profile(), "backward": cProfile.Profile()}
+    seconds = {"forward": [], "backward": []}
+    for step in range(args.warmup + args.steps):
+        measured = step >= args.warmup
+        start = time.perf_counter()
+        if measured:
+            profiles["forward"].enable()
+        loss = engine(input_ids=ids, labels=ids).loss
+        if measured:
+            profiles["forward"].disable()
+            profiles["backward"].enable()
+        middle = time.perf_counter()
+        engine.backward(loss)
+        if measured:
+            profiles["backward"].disable()
+            seconds["forward"].append(middle - start)
+            seconds["backward"].append(time.perf_counter() - middle)
+        engine.step()
+    result = {
+        "variant": args.variant,
+        "tree": os.environ.get("PYTHONPATH", ""),
+        "deepspeed": deepspeed.__version__.strip(),
+        "torch": torch.__version__,
+        "shape": {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch")},
+        "steps": args.steps,
+        "median_s": {phase: statistics.median(values) for phase, values in seconds.items()},
+        "own_s_per_step": {phase: own_time_per_step(profile, args.steps)
+                           for phase, profile in profiles.items()},
+    }
+    engine.destroy()
+    with open(args.out, "w") as out:
+        json.dump(result, out, indent=1)
+    print(f"{args.variant}: median forward {result['median_s']['forward']:.4f} s, "
+          f"backward {result['median_s']['backward']:.4f} s (profiled)")
+
+
+def merged(own):
+    """Per-function times keyed without object addresses (runs saved before the names had them removed)."""
+    result = {}
+    for name, seconds in own.items():
+        name = re.sub(r" at 0x[0-9a-f]+", "", name)
+        result[name] = result.get(name, 0.0) + seconds
+    return result
+
+
+def compare(paths, md_path, rows):
+    a, b = (json.load(open(p)) for p in paths)
+    lines = [
+        f"Host time per step under cProfile, {a['variant']} vs {b['variant']} (torch {a['torch']}, CPU, world size 1; "
+        f"Llama {a['shape']['layers']} layers, hidden {a['shape']['hidden']}, sequence {a['shape']['seq']}, "
+        f"batch {a['shape']['batch']}, LoRA on q/k/v/o, bf16; {a['steps']} profiled steps each):",
+        "",
+    ]
+    for phase in ("forward", "backward"):
+        own_a, own_b = merged(a["own_s_per_step"][phase]), merged(b["own_s_per_step"][phase])
+        total_a, total_b = sum(own_a.values()), sum(own_b.values())
+        lines += [
+            f"**{phase.capitalize()}**: {total_a * 1e3:.1f} ms vs {total_b * 1e3:.1f} ms of profiled own time per "
+            f"step (wall medians {a['median_s'][phase] * 1e3:.1f} ms vs {b['median_s'][phase] * 1e3:.1f} ms). "
+            f"The functions that differ most:",
+            "",
+            f"| function | {a['variant']} (ms/step) | {b['variant']} (ms/step) | difference |",
+            "|---|---|---|---|",
+        ]
+        names = sorted(set(own_a) | set(own_b), key=lambda n: abs(own_a.get(n, 0) - own_b.get(n, 0)), reverse=True)
+        for name in names[:rows]:
+            x, y = own_a.get(name, 0.0), own_b.get(name, 0.0)
+            lines.append(f"| `{name}` | {x * 1e3:.2f} | {y * 1e3:.2f} | {(x - y) * 1e3:+.2f} |")
+        lines.append("")
+    text = "\n".join(lines)
+    if md_path:
+        with open(md_path, "w") as md:
+            md.write(text)
+    print(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", choices=sorted(VARIANTS))
+    parser.add_argument("--out")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--compare", nargs=2, metavar="JSON")
+    parser.add_argument("--md")
+    parser.add_argument("--rows", type=int, default=12)
+    args = parser.parse_args()
+    if args.compare:
+        compare(args.compare, args.md, args.rows)
+    elif args.variant and args.out:
+        run(args)
+    else:
+        parser.error("give --variant and --out, or --compare A.json B.json")
+
+
+if __name__ == "__main__":
+    main()
