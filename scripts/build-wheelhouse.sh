@@ -10,7 +10,7 @@ REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
 usage() {
     cat <<'EOF'
 Usage: scripts/build-wheelhouse.sh [--dest DIR] [--python-version X.Y] [--platform TAG]...
-                                   [--version VERSION] [--test-deps]
+                                   [--version VERSION] [--test-deps] [--bench-upstream VERSION]
 
 Downloads into DIR (default: ./wheelhouse of this repository) wheels built for the target
 interpreter and platform (default: CPython 3.12, manylinux x86_64), never for this machine:
@@ -19,6 +19,8 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
   - tox and its requirements, setuptools and wheel (DeepSpeed is built --no-build-isolation)
   - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
     checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
+  - with --bench-upstream VERSION (e.g. 0.19.8): that DeepSpeed sdist too, for the benchmark's
+    upstream variant (unpack it and set ZERO3_BENCH_UPSTREAM_TREE; not checked against a pin)
   - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
     torch (for hosts that lack them; peft and accelerate are fetched without their
     dependencies, which would otherwise drag in a CUDA torch of several GB)
@@ -39,7 +41,7 @@ die() {
     exit 2
 }
 
-DEST=$REPO_ROOT/wheelhouse PYVER=3.12 VERSION='' TEST_DEPS=0
+DEST=$REPO_ROOT/wheelhouse PYVER=3.12 VERSION='' TEST_DEPS=0 BENCH_UPSTREAM=''
 PLATFORMS=()
 while (($#)); do
     case $1 in
@@ -48,13 +50,14 @@ while (($#)); do
             exit 0
             ;;
         --test-deps) TEST_DEPS=1 ;;
-        --dest | --python-version | --platform | --version)
+        --dest | --python-version | --platform | --version | --bench-upstream)
             if (($# < 2)) || [[ -z $2 ]]; then die "option $1 needs a value"; fi
             case $1 in
                 --dest) DEST=$2 ;;
                 --python-version) PYVER=$2 ;;
                 --platform) PLATFORMS+=("$2") ;;
                 --version) VERSION=$2 ;;
+                --bench-upstream) BENCH_UPSTREAM=$2 ;;
             esac
             shift
             ;;
@@ -63,6 +66,8 @@ while (($#)); do
     shift
 done
 
+[[ -z $BENCH_UPSTREAM || $BENCH_UPSTREAM =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+    die "--bench-upstream wants a release number like 0.19.8; got '$BENCH_UPSTREAM'"
 [[ $PYVER =~ ^3\.[0-9]+$ ]] || die "--python-version wants X.Y, e.g. 3.12; got '$PYVER'"
 for p in "${PLATFORMS[@]}"; do
     [[ $p =~ ^[A-Za-z0-9_]+$ ]] || die "malformed --platform '$p'"
@@ -109,6 +114,11 @@ found=$(sha256sum -- "$DEST/$sdist_name" | cut -d' ' -f1)
 if [[ $found != "$sdist_sha" ]]; then
     rm -f -- "$DEST/$sdist_name"
     die "sha256 of the downloaded $sdist_name is $found, expected $sdist_sha (removed it)"
+fi
+
+if [[ -n $BENCH_UPSTREAM ]]; then
+    echo "== DeepSpeed sdist $BENCH_UPSTREAM, for the benchmark's upstream variant"
+    pip_dl --no-deps --no-binary :all: "deepspeed==$BENCH_UPSTREAM"
 fi
 
 if find "$DEST" -maxdepth 1 \( -name 'torch-*' -o -name 'nvidia_*' -o -name 'triton-*' \) | grep -q .; then
