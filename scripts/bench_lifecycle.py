@@ -5,7 +5,8 @@ One variant per invocation; each runs on WORLD_SIZE GPUs (spawned here, NCCL) an
 file. `--report` turns the JSON files into the Markdown table and PNG plot the RFC includes.
 
     PYTHONPATH=<deepspeed tree> python scripts/bench_lifecycle.py --variant series --out bench/series.json
-    python scripts/bench_lifecycle.py --report bench/*.json --md docs/_generated/bench.md --png docs/_generated/bench.png
+    python scripts/bench_lifecycle.py --report bench/*.json \\
+        --md docs/_generated/bench.md --png docs/_generated/bench.png
 
 Variants: series (patched tree, non-reentrant checkpointing on every decoder layer), reentrant
 (use_reentrant=True: the downstream workaround), no-ckpt (no checkpointing: the reference), and
@@ -128,15 +129,10 @@ def profile_step(engine, ids, accelerator):
     return tables
 
 
-def run_rank(rank, args):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
-    import torch
+def build_engine(args):
+    """The benchmark's engine: the model of build_model, bf16, ZeRO-3 with DeepSpeed's defaults."""
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
-    from tests.scenarios.zero3 import count_all_gathers
-    accelerator = get_accelerator()
-    accelerator.set_device(rank)
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    import torch
     ds_config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
@@ -154,12 +150,25 @@ def run_rank(rank, args):
             "stage": 3
         },
     }
-    probe = CoordinatorProbe()
     torch.manual_seed(0)
     model = build_model(args, ds_config)
     engine, *_ = deepspeed.initialize(model=model,
                                       model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       config=ds_config)
+    return engine
+
+
+def run_rank(rank, args):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
+    import torch
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    from tests.scenarios.zero3 import count_all_gathers
+    accelerator = get_accelerator()
+    accelerator.set_device(rank)
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    probe = CoordinatorProbe()
+    engine = build_engine(args)
     engine.train()
     counts = count_all_gathers(engine.module)
     generator = torch.Generator().manual_seed(rank)
@@ -271,7 +280,8 @@ def run_variant(args):
     except Exception as error:  # a crash (pristine non-reentrant) is a result too
         summary = exception_summary(str(error))
         with open(args.out, "w") as out:
-            json.dump({"variant": args.variant, "tree": os.environ.get("PYTHONPATH", ""), "error": summary}, out, indent=1)
+            failure = {"variant": args.variant, "tree": os.environ.get("PYTHONPATH", ""), "error": summary}
+            json.dump(failure, out, indent=1)
         print(f"{args.variant}: failed: {summary}", file=sys.stderr)
 
 
@@ -337,7 +347,8 @@ def targets(summaries):
 
     reference = summaries.get("no-ckpt")
     if reference:
-        lines.append(f"- All-gather volume per step ≤ the run without checkpointing: {verdict(total(series) <= total(reference))} "
+        met = total(series) <= total(reference)
+        lines.append(f"- All-gather volume per step ≤ the run without checkpointing: {verdict(met)} "
                      f"({total(series):.3f} vs {total(reference):.3f} GiB).")
     bounds = {k: summaries[k]["peak_gib"] for k in ("reentrant", "upstream") if summaries.get(k)}
     if bounds:
@@ -346,7 +357,8 @@ def targets(summaries):
                      f"({series['peak_gib']:.2f} GiB; {named}).")
     if summaries.get("reentrant"):
         reentrant = summaries["reentrant"]
-        lines.append(f"- Median step time ≤ the reentrant workaround's: {verdict(series['median'] <= reentrant['median'])} "
+        met = series["median"] <= reentrant["median"]
+        lines.append(f"- Median step time ≤ the reentrant workaround's: {verdict(met)} "
                      f"({series['median']:.3f} vs {reentrant['median']:.3f} s, "
                      f"ratio {series['median'] / reentrant['median']:.2f}).")
     return lines
@@ -372,7 +384,8 @@ def report(paths, md_path, png_path):
             lines.append(f"| {variant} | {tree} | {len(runs)} | failed: {runs[0]['error']} | | | | | | |")
             continue
         summaries["upstream" if variant == "nonreentrant" else variant] = s
-        s["label"] = f"{variant} (DeepSpeed {s['first']['deepspeed'].strip()})" if variant == "nonreentrant" else variant
+        version = s["first"]["deepspeed"].strip()
+        s["label"] = f"{variant} (DeepSpeed {version})" if variant == "nonreentrant" else variant
         medians = ", ".join(f"{m:.3f}" for m in s["run_medians"])
         lines.append(f"| {variant} | {tree} | {s['runs']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] | "
                      f"{medians} | {s['peak_gib']:.2f} | {s['backward_peak_gib']:.2f} | "

@@ -29,7 +29,7 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
 sys.path.insert(0, os.path.dirname(SCRIPTS))
 
-from bench_lifecycle import VARIANTS, build_model  # noqa: E402  (the benchmark's model, at CPU size)
+from bench_lifecycle import VARIANTS, build_engine  # noqa: E402  (the benchmark's engine, at CPU size)
 
 
 def function_name(key):
@@ -51,27 +51,7 @@ def run(args):
     import torch
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
-    ds_config = {
-        "train_micro_batch_size_per_gpu": args.batch,
-        "bf16": {
-            "enabled": True
-        },
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": 1e-4,
-                "torch_adam": True
-            }
-        },
-        "zero_optimization": {
-            "stage": 3
-        },
-    }
-    torch.manual_seed(0)
-    model = build_model(args, ds_config)
-    engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                      config=ds_config)
+    engine = build_engine(args)
     ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
     profiles = {"forward": cProfile.Profile(), "backward": cProfile.Profile()}
     seconds = {"forward": [], "backward": []}
