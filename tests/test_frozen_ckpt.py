@@ -243,6 +243,12 @@ def test_embedding_without_backward_not_gathered_in_backward(scenario, checkpoin
     scenario(f"{FROZEN}:embedding_without_backward", checkpointing=checkpointing)
 
 
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I2")
+def test_undetectable_recompute_raises_actionable_error(scenario):
+    scenario(f"{FROZEN}:undetectable_recompute")
+
+
 @pytest.mark.needs_patch(0)
 @pytest.mark.invariants("I6")
 def test_full_finetune_unchanged(scenario):

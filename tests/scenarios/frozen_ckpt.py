@@ -210,6 +210,39 @@ def exception_in_recompute():
     return result
 
 
+def undetectable_recompute():
+    """Where ZeRO-3 cannot tell that a forward is a checkpoint recompute (compiled autograd on
+    torch < 2.6 hides the graph task; simulated here by making the detection answer no), the user
+    gets an error that names ZeRO-3, the frozen parameter and its module, and what to do, raised
+    from torch's CheckpointError. v0.19.2: torch's bare CheckpointError."""
+    from deepspeed.runtime.zero import partitioned_param_coordinator
+    config = lifecycle_config()
+    engine, _ = build(functools.partial(models.frozen_norm_stack, DIM, 2, "module"), config)
+    detect = getattr(partitioned_param_coordinator, "in_backward_graph_task", None)
+    partitioned_param_coordinator.in_backward_graph_task = lambda: False
+    try:
+        loss = engine(*_inputs(engine)(0))
+        try:
+            engine.backward(loss)
+        except RuntimeError as error:
+            raised = error
+        else:
+            raise AssertionError("the recompute of partitioned frozen params did not fail")
+    finally:
+        if detect is None:
+            del partitioned_param_coordinator.in_backward_graph_task
+        else:
+            partitioned_param_coordinator.in_backward_graph_task = detect
+        discard_aborted_backward(engine)
+        engine.destroy()
+    message = str(raised)
+    assert message.startswith("ZeRO-3 "), f"not a ZeRO-3 error: {type(raised).__name__}: {message[:300]}"
+    for expected in ("blocks.1.norm.weight (module 'blocks.1.norm'", "use_reentrant=True", "shape [0]"):
+        assert expected in message, f"{expected!r} missing from the error: {message}"
+    assert type(raised.__cause__).__name__ == "CheckpointError", repr(raised.__cause__)
+    return {"error": message}
+
+
 def exception_in_backward():
     """A backward node raises after the block's recompute (with the frozen norm gathered for it);
     the next step must start clean and train exactly like the reference. v0.19.2: CheckpointError
