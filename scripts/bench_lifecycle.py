@@ -166,7 +166,12 @@ def run_rank(rank, args):
     from tests.scenarios.zero3 import count_all_gathers
     accelerator = get_accelerator()
     accelerator.set_device(rank)
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    backend = accelerator.communication_backend_name()
+    deepspeed.init_distributed(dist_backend=backend)
+    if backend == "gloo":
+        # the CPU smoke run: gloo needs separate buffers for DeepSpeed's in-place collectives
+        from tests.harness.gloo import dealias_gloo_collectives
+        dealias_gloo_collectives()
     probe = CoordinatorProbe()
     engine = build_engine(args)
     engine.train()
@@ -269,6 +274,10 @@ def run_rank(rank, args):
         for name, table in (profile or {}).items():
             print(f"== {args.variant}: one profiled step, by {name} time\n{table}", flush=True)
     engine.destroy()
+    # every rank leaves together: a rank that exits while a peer's process group still runs
+    # can abort (std::terminate in the backend's threads)
+    deepspeed.comm.barrier()
+    deepspeed.comm.destroy_process_group()
 
 
 def run_variant(args):

@@ -83,6 +83,7 @@ def run(args):
                            for phase, profile in profiles.items()},
     }
     engine.destroy()
+    deepspeed.comm.destroy_process_group()
     with open(args.out, "w") as out:
         json.dump(result, out, indent=1)
     print(f"{args.variant}: median forward {result['median_s']['forward']:.4f} s, "
