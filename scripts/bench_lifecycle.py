@@ -167,10 +167,12 @@ def run_rank(rank, args):
     accelerator = get_accelerator()
     accelerator.set_device(rank)
     backend = accelerator.communication_backend_name()
+    if accelerator.device_name() == "cpu":
+        # the CPU smoke run: no shm op build, and separate buffers for in-place gloo collectives
+        from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
+        skip_shm_op_build()
     deepspeed.init_distributed(dist_backend=backend)
     if backend == "gloo":
-        # the CPU smoke run: gloo needs separate buffers for DeepSpeed's in-place collectives
-        from tests.harness.gloo import dealias_gloo_collectives
         dealias_gloo_collectives()
     probe = CoordinatorProbe()
     engine = build_engine(args)

@@ -1,6 +1,19 @@
-"""A workaround, in the CPU rank processes, for DeepSpeed's in-place collectives on gloo."""
+"""Workarounds for DeepSpeed's collectives in CPU rank processes: in-place gloo calls, and the
+shm op that init_distributed would compile."""
 
 import deepspeed.comm.comm
+import deepspeed.ops
+
+
+def skip_shm_op_build():
+    """Keep init_distributed from JIT-compiling DeepSpeed's CPU shm all-reduce op.
+
+    Call before deepspeed.init_distributed on the CPU accelerator. The build takes about a minute on
+    2 cores, and only inference_all_reduce uses the op, only with LOCAL_SIZE set: training never
+    does. Two ranks building it at once have also aborted at exit (std::terminate). Declaring the op
+    incompatible makes build_shm_op() skip it.
+    """
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def dealias_gloo_collectives():

@@ -116,10 +116,8 @@ def _start(conn, cfg):
             port = msg[1]
         os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     if cfg["device"] == "cpu" and not cfg["shm_op"]:
-        # On the CPU accelerator, init_distributed JIT-compiles DeepSpeed's shm all-reduce op (about a minute on
-        # 2 cores). Only inference_all_reduce uses it, and only when LOCAL_SIZE is set, so training scenarios
-        # never touch it: declaring it incompatible makes build_shm_op() skip the build.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        from tests.harness.gloo import skip_shm_op_build
+        skip_shm_op_build()
     if cfg["device"] == "cuda":
         get_accelerator().set_device(rank)
     if cfg["init_distributed"]:
