@@ -166,14 +166,13 @@ def run_rank(rank, args):
     from tests.scenarios.zero3 import count_all_gathers
     accelerator = get_accelerator()
     accelerator.set_device(rank)
+    from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
     backend = accelerator.communication_backend_name()
     if accelerator.device_name() == "cpu":
-        # the CPU smoke run: no shm op build, and separate buffers for in-place gloo collectives
-        from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
-        skip_shm_op_build()
+        skip_shm_op_build()  # the CPU smoke run never uses DeepSpeed's shm all-reduce op
     deepspeed.init_distributed(dist_backend=backend)
     if backend == "gloo":
-        dealias_gloo_collectives()
+        dealias_gloo_collectives()  # separate buffers for DeepSpeed's in-place collectives
     probe = CoordinatorProbe()
     engine = build_engine(args)
     engine.train()

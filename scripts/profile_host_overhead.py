@@ -93,7 +93,8 @@ def run(args):
 
 
 def merged(own):
-    """Per-function times keyed without object addresses (runs saved before the names had them removed)."""
+    """Per-function times keyed without object addresses ("<built-in method __new__ of type object at
+    0x...>"), which differ between the two runs and would keep the same function apart."""
     result = {}
     for name, seconds in own.items():
         name = re.sub(r" at 0x[0-9a-f]+", "", name)
