@@ -130,6 +130,14 @@ def test_frozen_linear_weight_plain(scenario):
     scenario(f"{FROZEN}:frozen_linear_weight", zero_init=False)
 
 
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+def test_quantized_base_keeps_weight_on_ctx(scenario, checkpointing):
+    """QLoRA without bitsandbytes: the frozen codes reach backward through ctx, not saved tensors."""
+    scenario(f"{FROZEN}:quantized_base", checkpointing=checkpointing)
+
+
 @pytest.mark.needs_patch(3)
 @pytest.mark.invariants("I1", "I5", "I7")
 @pytest.mark.parametrize("checkpointing", ["module", "function", "none"])

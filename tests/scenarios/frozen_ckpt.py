@@ -83,6 +83,16 @@ def frozen_linear_weight(*, zero_init=True):
     return _build_and_train(factory, config, zero_init=zero_init, exact=not zero_init)
 
 
+def quantized_base(*, checkpointing="module"):
+    """QLoRA's shape: a frozen quantized base whose autograd function saves its scale but keeps its
+    codes on ctx, as bitsandbytes does with the 4-bit weight. Backward reads the codes although torch
+    never saw them saved, so ZeRO-3 must have them gathered for the module's backward whatever the
+    recompute saved. v0.19.2: CheckpointError (the scale, recomputed with shape [0])."""
+    config = lifecycle_config()
+    factory = functools.partial(models.quantized_lora_stack, DIM, 2, checkpointing)
+    return _build_and_train(factory, config)
+
+
 def no_grad_input(*, checkpointing="module", gas=2, steps=2):
     """The first block is fed an input that needs no grad (frozen embeddings in front of it), with
     gradient accumulation: every micro-batch's backward must release everything by itself.

@@ -119,6 +119,51 @@ class ScaledBlock(torch.nn.Module):
         return self.lin(self.norm(self.scaled(x)))
 
 
+class StashedWeightMatmul(torch.autograd.Function):
+    """x @ (codes * scale).t() that keeps the frozen ``codes`` on ``ctx`` instead of saving them, as
+    bitsandbytes' MatMul4Bit keeps its 4-bit weight (``ctx.tensors = (None, B)``), and saves only the
+    frozen per-row scale. Backward reads a parameter that torch never saw being saved."""
+
+    @staticmethod
+    def forward(ctx, x, codes, scale):
+        ctx.codes = codes
+        ctx.save_for_backward(scale)
+        return x @ (codes * scale.unsqueeze(1)).t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (scale, ) = ctx.saved_tensors
+        return grad @ (ctx.codes * scale.unsqueeze(1)), None, None
+
+
+class QuantizedLoRALinear(torch.nn.Module):
+    """QLoRA's shape without bitsandbytes: a frozen quantized base (integer codes stored in the
+    compute dtype, as bnb_4bit_quant_storage does for ZeRO-3, and a per-row scale) plus a trainable
+    low-rank update."""
+
+    def __init__(self, dim, rank=2):
+        super().__init__()
+        self.codes = torch.nn.Parameter(torch.randint(-8, 8, (dim, dim)).float(), requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.rand(dim) / dim + 0.05, requires_grad=False)
+        self.lora_a = torch.nn.Linear(dim, rank, bias=False)
+        self.lora_b = torch.nn.Linear(rank, dim, bias=False)
+
+    def forward(self, x):
+        return StashedWeightMatmul.apply(x, self.codes, self.scale) + self.lora_b(self.lora_a(x))
+
+
+class QuantizedLoRABlock(torch.nn.Module):
+    """A trainable norm, so that the quantized base holds the block's only frozen parameters."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.proj = QuantizedLoRALinear(dim)
+
+    def forward(self, x):
+        return torch.relu(self.proj(self.norm(x)))
+
+
 class Stack(torch.nn.Module):
     """Blocks applied in sequence, each under ``checkpointing``, then a trainable head."""
 
@@ -165,6 +210,10 @@ def detaching_stack(dim=8, depth=2, checkpointing="reentrant"):
 
 def lora_stack(dim=8, depth=2, checkpointing="module"):
     return Stack([LoRABlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
+def quantized_lora_stack(dim=8, depth=2, checkpointing="module"):
+    return Stack([QuantizedLoRABlock(dim) for _ in range(depth)], dim, checkpointing)
 
 
 def scaled_stack(dim=8, depth=2, checkpointing="module"):
