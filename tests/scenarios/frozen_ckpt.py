@@ -5,6 +5,7 @@ fail there (regressions) and which must pass on both (guards).
 """
 
 import functools
+import json
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 from tests.scenarios import models
 from tests.scenarios.zero3 import (DTYPES, assert_forward_stack_clean, count_all_gathers, discard_aborted_backward,
                                    assert_grads_match, assert_quiescent, batch, build, frozen_available,
-                                   lifecycle_config, outstanding_releases, reference_grads,
+                                   lifecycle_config, outstanding_releases, record_lifecycle_trace, reference_grads,
                                    skip_unless_dtype_supported, sync_reference, train)
 
 DIM = 8
@@ -458,6 +459,34 @@ def full_finetune(*, checkpointing="module"):
     config = lifecycle_config()
     factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
     return _build_and_train(factory, config)
+
+
+def full_finetune_lifecycle_trace(*, golden, checkpointing="module", record=False):
+    """No frozen params at all: every gather and release, in order, with the gathered numel after
+    each (the memory profile of gathered parameters), must be v0.19.2's. ``golden`` is the JSON file
+    with v0.19.2's trace; ``record=True`` (on pristine v0.19.2 only) writes it instead (rank 0).
+    Inputs require grad: for a block input that needs no grad the series changes the release on
+    purpose (0003). Guard: v0.19.2 matches its own recording."""
+    config = lifecycle_config()
+    factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+    trace = record_lifecycle_trace(engine.module)
+    train(engine, reference, _inputs(engine), steps=2)
+    engine.destroy()
+    if record:
+        if deepspeed.comm.get_rank() == 0:
+            with open(golden, "w") as out:
+                json.dump({"checkpointing": checkpointing, "recorded_on": f"deepspeed {deepspeed.__version__.strip()}",
+                           "trace": trace}, out, indent=1)
+                out.write("\n")
+        return {"events": len(trace)}
+    with open(golden) as recorded:
+        expected = json.load(recorded)["trace"]
+    first_difference = next((i for i, (a, b) in enumerate(zip(trace, expected)) if a != b), min(len(trace), len(expected)))
+    assert trace == expected, (f"gathers and releases differ from v0.19.2's ({golden}) from event {first_difference} on "
+                               f"({len(trace)} events vs {len(expected)}): got {trace[first_difference:first_difference + 4]}, "
+                               f"v0.19.2 had {expected[first_difference:first_difference + 4]}")
+    return {"events": len(trace)}
 
 
 def eval_forward():

@@ -187,31 +187,85 @@ def batch(step, shape, *, device, dtype=torch.float32, requires_grad=True):
     return x.requires_grad_(requires_grad)
 
 
-def count_all_gathers(model):
-    """Counts the bytes all-gathered for ``model``'s ZeRO-3 parameters, frozen and trainable apart.
+def watch_gathers_and_releases(model, on_gather, on_release=None):
+    """Calls ``on_gather(param)`` for each of ``model``'s ZeRO-3 parameters that a gather is about to
+    fetch from its partitions, and ``on_release(param)`` for each one that a partition call has just
+    freed.
 
     Wraps each parameter's gather entry points (the coordinator's coalesced gather and the
-    synchronous one), so the counts include every gather whatever triggers it. Returns the dict
-    it keeps up to date.
+    synchronous one) and its ``partition``, so every gather and release is seen whatever triggers it.
     """
-    counts = {"frozen": 0, "trainable": 0}
 
-    def wrap(param, name):
+    def wrap_gather(param, name):
         original = getattr(param, name)
 
-        def counted(*args, **kwargs):
+        def observed(*args, **kwargs):
             params = args[0] if name == "all_gather_coalesced" and args else [param]
             for p in params:
                 if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
-                    counts["trainable" if p.requires_grad else "frozen"] += p.ds_numel * p.ds_tensor.element_size()
+                    on_gather(p)
             return original(*args, **kwargs)
 
-        setattr(param, name, counted)
+        setattr(param, name, observed)
+
+    def wrap_partition(param):
+        original = param.partition
+
+        def observed(*args, **kwargs):
+            params = kwargs.get("param_list") or (args[0] if args else None) or [param]
+            available = [p for p in params if p.ds_status == ZeroParamStatus.AVAILABLE]
+            result = original(*args, **kwargs)
+            for p in available:
+                if p.ds_status == ZeroParamStatus.NOT_AVAILABLE:
+                    on_release(p)
+            return result
+
+        param.partition = observed
 
     for param in model.parameters():
-        wrap(param, "all_gather_coalesced")
-        wrap(param, "all_gather")
+        wrap_gather(param, "all_gather_coalesced")
+        wrap_gather(param, "all_gather")
+        if on_release is not None:
+            wrap_partition(param)
+
+
+def count_all_gathers(model):
+    """Counts the bytes all-gathered for ``model``'s ZeRO-3 parameters, frozen and trainable apart.
+    Returns the dict it keeps up to date."""
+    counts = {"frozen": 0, "trainable": 0}
+
+    def count(param):
+        counts["trainable" if param.requires_grad else "frozen"] += param.ds_numel * param.ds_tensor.element_size()
+
+    watch_gathers_and_releases(model, count)
     return counts
+
+
+def record_lifecycle_trace(model):
+    """Records every gather and release of ``model``'s ZeRO-3 parameters, in order, as lines
+    "<micro-batch> <phase> <gather|release> <parameter> <gathered numel after it>", phase being
+    forward, backward or step (the optimizer's). Returns the list it appends to."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    trace = []
+    state = {"micro_batch": -1, "phase": "setup", "gathered": 0}
+
+    def start_forward(module, args):
+        state["micro_batch"] += 1
+        state["phase"] = "forward"
+
+    def record(event, param, numel_change):
+        if torch._C._current_graph_task_id() != -1:
+            state["phase"] = "backward"
+        elif state["phase"] == "backward":
+            state["phase"] = "step"
+        state["gathered"] += numel_change
+        trace.append(f"{state['micro_batch']} {state['phase']} {event} {names[id(param)]} {state['gathered']}")
+
+    # runs before the engine's own pre-forward hook, which gathers the first parameters
+    model.register_forward_pre_hook(start_forward, prepend=True)
+    watch_gathers_and_releases(model, lambda p: record("gather", p, p.ds_numel),
+                               lambda p: record("release", p, -p.ds_numel))
+    return trace
 
 
 def reference_grads(reference):
