@@ -271,7 +271,8 @@ GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 @pytest.mark.parametrize("checkpointing", ["module", "function", "reentrant", "none"])
 def test_full_finetune_release_order_unchanged(scenario, checkpointing):
     """Same gathers and releases, in the same order, as v0.19.2 (tests/golden/). Re-record the
-    golden files on pristine v0.19.2: ZERO3_RECORD_GOLDEN=1 tox -e pristine -- -k release_order."""
+    golden files on pristine v0.19.2:
+    ZERO3_RECORD_GOLDEN=1 tox -e pristine -- tests/test_frozen_ckpt.py -k release_order"""
     record = os.environ.get("ZERO3_RECORD_GOLDEN") == "1"
     if record and applied_patches() != 0:
         raise pytest.UsageError("ZERO3_RECORD_GOLDEN=1 records v0.19.2's behaviour: run it on pristine v0.19.2 "
