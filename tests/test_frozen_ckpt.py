@@ -257,12 +257,6 @@ def test_undetectable_recompute_raises_actionable_error(scenario):
     scenario(f"{FROZEN}:undetectable_recompute")
 
 
-@pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I6")
-def test_full_finetune_unchanged(scenario):
-    scenario(f"{FROZEN}:full_finetune")
-
-
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 
 

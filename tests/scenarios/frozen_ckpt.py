@@ -453,20 +453,13 @@ def all_gather_volume(*, steps=3):
     return volumes
 
 
-def full_finetune(*, checkpointing="module"):
-    """No frozen params at all: trains exactly like the reference and releases everything after
-    each backward, as v0.19.2 does (guard)."""
-    config = lifecycle_config()
-    factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
-    return _build_and_train(factory, config)
-
-
 def full_finetune_lifecycle_trace(*, golden, checkpointing="module", record=False):
-    """No frozen params at all: every gather and release, in order, with the gathered numel after
-    each (the memory profile of gathered parameters), must be v0.19.2's. ``golden`` is the JSON file
-    with v0.19.2's trace; ``record=True`` (on pristine v0.19.2 only) writes it instead (rank 0).
-    Inputs require grad: for a block input that needs no grad the series changes the release on
-    purpose (0003). Guard: v0.19.2 matches its own recording."""
+    """No frozen params at all: trains exactly like the reference, and every gather and release, in
+    order, with the gathered numel after each (the memory profile of gathered parameters), must be
+    v0.19.2's. ``golden`` is the JSON file with v0.19.2's trace; ``record=True`` (on pristine
+    v0.19.2 only) writes it instead (rank 0). Inputs require grad: for a block input that needs no
+    grad the series changes the release on purpose (0003). Guard: v0.19.2 matches its own
+    recording."""
     config = lifecycle_config()
     factory = functools.partial(models.trainable_stack, DIM, 2, checkpointing)
     engine, reference = build(factory, config)
