@@ -36,7 +36,7 @@ graphviz_output_format = "svg"
 # Invariants: the RFC declares them, tests claim them (see _ext/invariants.py).
 invariants_root = ".."
 invariants_test_globs = ["tests/**/*.py"]
-invariants_patch_globs = ["patches/[0-9]*.patch"]
+invariants_patch_globs = ["patches/v0.19.2/[0-9]*.patch"]
 invariants_require_tests = True
 
 # Measured inputs (see _generated/README.md).

@@ -41,7 +41,8 @@ Options:
                       (env DEEPSPEED_SDIST does the same without changing the auto order)
   --patches N         apply only the first N patches of the series (for bisecting)
   --pristine          apply no patches (same as --patches 0)
-  --patch-dir DIR     patch directory with a `series` file (default: patches/ in this repository)
+  --patch-dir DIR     patch directory with a `series` file (default: patches/VERSION in this
+                      repository, the series made for that release)
   --force             re-create a destination (or branch) that apply.sh created earlier
   -h, --help          show this help
 
@@ -172,22 +173,27 @@ git check-ref-format --branch "$BRANCH" >/dev/null 2>&1 || die "$E_USAGE" "inval
 
 PINNED_FILE=${ZERO3_PINNED_BASES:-$SCRIPT_DIR/pinned-bases.tsv}
 [[ -f $PINNED_FILE && -r $PINNED_FILE ]] || die "$E_VERSION" "pinned-bases file not found: $PINNED_FILE"
-PIN_COMMIT='' PIN_SDIST='' PIN_SHA='' KNOWN=''
+PIN_COMMIT='' PIN_SDIST='' PIN_SHA='' KNOWN='' FOUND=0
 while IFS=$'\t' read -r v c s h _ || [[ -n ${v:-} ]]; do
     [[ -z $v || $v == \#* ]] && continue
-    KNOWN+=" $v"
-    [[ $v == "$VERSION" ]] || continue
-    [[ $c =~ ^[0-9a-f]{40}$ && $h =~ ^[0-9a-f]{64}$ && $s =~ ^[A-Za-z0-9._+-]+\.tar\.gz$ ]] ||
-        die "$E_VERSION" "malformed line for $VERSION in $PINNED_FILE (want: tag, 40-hex commit, sdist name, 64-hex sha256)"
-    PIN_COMMIT=$c PIN_SDIST=$s PIN_SHA=$h
+    KNOWN+=" ${v%%[[:space:]]*}"
+    [[ ${v%%[[:space:]]*} == "$VERSION" ]] || continue
+    [[ $v == "$VERSION" && ($c =~ ^[0-9a-f]{40}$ || $c == -) && $h =~ ^[0-9a-f]{64}$ &&
+        $s =~ ^[A-Za-z0-9._+-]+\.tar\.gz$ ]] ||
+        die "$E_VERSION" "malformed line for $VERSION in $PINNED_FILE (want: tag, 40-hex commit or -, sdist name, 64-hex sha256, separated by one TAB each)"
+    PIN_COMMIT=$c PIN_SDIST=$s PIN_SHA=$h FOUND=1
 done <"$PINNED_FILE"
-[[ -n $PIN_COMMIT ]] || die "$E_VERSION" "unknown version '$VERSION': not in $PINNED_FILE (known:${KNOWN:- none})"
+((FOUND)) || die "$E_VERSION" "unknown version '$VERSION': not in $PINNED_FILE (known:${KNOWN:- none})"
+# '-': the release is pinned by its sdist alone (no upstream commit could be verified when it was
+# pinned), so only the sdist source can prove that the base is that release.
+PIN_BY_SDIST_ONLY=0
+[[ $PIN_COMMIT != - ]] || PIN_BY_SDIST_ONLY=1
 
 # ---------------------------------------------------------------------------------------------
 # Patch series
 
 SERIES=()
-PATCH_DIR=${PATCH_DIR:-$REPO_ROOT/patches}
+PATCH_DIR=${PATCH_DIR:-$REPO_ROOT/patches/$VERSION}
 [[ $PATCH_DIR == /* ]] || PATCH_DIR=$PWD/$PATCH_DIR
 if [[ ${N_PATCHES:-x} != 0 ]]; then
     [[ -d $PATCH_DIR ]] || die "$E_SERIES" "patch directory not found: $PATCH_DIR"
@@ -309,7 +315,11 @@ summary() {
     printf '  path:    %s\n' "$repo"
     printf '  branch:  %s\n' "$BRANCH"
     printf '  source:  %s\n' "$source"
-    printf '  base:    %s (upstream %s = %s)\n' "$base" "$VERSION" "$PIN_COMMIT"
+    if ((PIN_BY_SDIST_ONLY)); then
+        printf '  base:    %s (%s, sdist sha256 %s)\n' "$base" "$VERSION" "$PIN_SHA"
+    else
+        printf '  base:    %s (upstream %s = %s)\n' "$base" "$VERSION" "$PIN_COMMIT"
+    fi
     printf '  commits: %s applied, oldest first\n' "$count"
     git -C "$repo" log --reverse --format='    %h %s' "$base..refs/heads/$BRANCH"
 }
@@ -342,6 +352,10 @@ BASE='' SOURCE_DESC='' FAIL_REASON=''
 
 from_git() {
     local repo=$1 url=${DEEPSPEED_GIT_URL:-$DEFAULT_GIT_URL} out found
+    if ((PIN_BY_SDIST_ONLY)); then
+        FAIL_REASON="$VERSION is pinned by its sdist only (no upstream commit in $PINNED_FILE), so a clone cannot be verified"
+        return 0
+    fi
     info "trying git: $url"
     # Ask the remote for the tag first: cheap, fails fast when offline, and lets us check the
     # tag before downloading anything.
@@ -428,6 +442,10 @@ from_sdist() {
     # refuse the tree as "dubious ownership".
     tar -xzf "$SDIST_FILE" --no-same-owner --strip-components=1 -C "$repo"
     local msg=$TMP/import-message
+    # The line is the same as before for bases with a pinned commit, so their import commit ids
+    # (which README.md quotes) do not change.
+    local UPSTREAM_LINE="Upstream-commit: $PIN_COMMIT"
+    ((PIN_BY_SDIST_ONLY)) && UPSTREAM_LINE="Upstream-commit: not pinned; the sdist sha256 below identifies the release"
     cat >"$msg" <<EOF
 Import DeepSpeed $VERSION from the PyPI sdist $PIN_SDIST
 
@@ -435,7 +453,7 @@ The tree is the sdist unpacked as it is; the sdist has no tests/ directory.
 scripts/apply.sh fixes this commit's author, committer, dates and message,
 so the same sdist gives the same commit id on every machine.
 
-Upstream-commit: $PIN_COMMIT
+${UPSTREAM_LINE}
 Sdist: $PIN_SDIST
 Sdist-sha256: $PIN_SHA
 EOF
@@ -506,6 +524,8 @@ record() {
 # Mode 1: the user's own checkout
 
 if [[ $SOURCE == checkout ]]; then
+    ((PIN_BY_SDIST_ONLY)) &&
+        die "$E_NOBASE" "$VERSION is pinned by its sdist only (no upstream commit in $PINNED_FILE), so apply.sh cannot verify a checkout's tag; apply $PATCH_DIR/series by hand with git am (see docs/guide/cherry-pick.md), or build from the sdist without --checkout"
     [[ -d $CHECKOUT ]] || die "$E_CHECKOUT" "--checkout $CHECKOUT is not a directory"
     top=$(git -C "$CHECKOUT" rev-parse --show-toplevel 2>/dev/null) ||
         die "$E_CHECKOUT" "--checkout $CHECKOUT is not a git checkout"

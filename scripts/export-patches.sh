@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate patches/ (the series, its `series` file and a cover letter) from the commits of a
-# checkout made by scripts/apply.sh. Run `scripts/export-patches.sh --help` for usage.
+# Regenerate patches/VERSION/ (the series, its `series` file and a cover letter) from the commits of
+# a checkout made by scripts/apply.sh. Run `scripts/export-patches.sh --help` for usage.
 set -Eeuo pipefail
 
 PROG=export-patches.sh
@@ -25,13 +25,15 @@ pinned release, also when the checkout was built from the sdist (whose local bas
 Options:
   --tree DIR          patched checkout (default: build/deepspeed-VERSION for the first version in
                       scripts/pinned-bases.tsv)
-  --out DIR           output directory (default: patches/ of this repository)
+  --out DIR           output directory (default: patches/VERSION of this repository, VERSION being
+                      the release apply.sh recorded for the branch)
   --branch NAME       branch to export (default: the branch checked out in the tree)
   --base REV          base of the series (default: recorded by apply.sh for the branch)
   --upstream COMMIT   commit id written as base-commit (default: recorded by apply.sh, or the
                       base itself)
   --cover-letter FILE subject (first line) and body (after the first blank line) of the cover
-                      letter (default: scripts/cover-letter.txt)
+                      letter (default: cover-letter.txt in the output directory, else in
+                      patches/VERSION)
   -h, --help          show this help
 
 Exit codes: 0 done, 1 internal error, 2 malformed command line, 3 the tree, branch or base is
@@ -75,9 +77,6 @@ if [[ -z $TREE ]]; then
     first=$(awk -F'\t' '$1 !~ /^#/ && NF >= 4 {print $1; exit}' "$SCRIPT_DIR/pinned-bases.tsv")
     TREE=$REPO_ROOT/build/deepspeed-$first
 fi
-OUT=${OUT:-$REPO_ROOT/patches}
-COVER=${COVER:-$SCRIPT_DIR/cover-letter.txt}
-[[ -f $COVER ]] || die 2 "cover letter text not found: $COVER"
 TREE=$(git -C "$TREE" rev-parse --show-toplevel 2>/dev/null) || die 3 "--tree $TREE is not a git checkout"
 
 if [[ -z $BRANCH ]]; then
@@ -85,6 +84,17 @@ if [[ -z $BRANCH ]]; then
         die 3 "$TREE has a detached HEAD; name the branch with --branch"
 fi
 git -C "$TREE" show-ref --verify --quiet "refs/heads/$BRANCH" || die 3 "no branch $BRANCH in $TREE"
+# Each pinned release has its own series directory: patches/v0.19.2, patches/v0.19.8, ...
+version=$(git -C "$TREE" config --get "branch.$BRANCH.zero3version" || true)
+if [[ -z $OUT ]]; then
+    [[ -n $version ]] || die 3 "branch $BRANCH in $TREE has no release recorded by apply.sh; pass --out DIR"
+    OUT=$REPO_ROOT/patches/$version
+fi
+if [[ -z $COVER ]]; then
+    COVER=$OUT/cover-letter.txt
+    [[ -f $COVER || -z $version ]] || COVER=$REPO_ROOT/patches/$version/cover-letter.txt
+fi
+[[ -f $COVER ]] || die 2 "cover letter text not found: $COVER"
 if [[ -z $BASE ]]; then
     BASE=$(git -C "$TREE" config --get "branch.$BRANCH.zero3base") ||
         die 3 "branch $BRANCH in $TREE has no base recorded by apply.sh; pass --base REV"
@@ -92,6 +102,8 @@ fi
 BASE=$(git -C "$TREE" rev-parse -q --verify "$BASE^{commit}") || die 3 "base $BASE is not a commit in $TREE"
 if [[ -z $UPSTREAM ]]; then
     UPSTREAM=$(git -C "$TREE" config --get "branch.$BRANCH.zero3upstream" || echo "$BASE")
+    # '-': a release pinned by its sdist alone; the reproducible sdist import commit is the base.
+    [[ $UPSTREAM != - ]] || UPSTREAM=$BASE
 fi
 [[ $UPSTREAM =~ ^[0-9a-f]{40}$ ]] || die 2 "--upstream must be a full 40-hex commit id, got '$UPSTREAM'"
 git -C "$TREE" merge-base --is-ancestor "$BASE" "refs/heads/$BRANCH" || die 3 "base $BASE is not an ancestor of $BRANCH"

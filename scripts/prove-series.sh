@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bisect and necessity proof: for each prefix length N given (default 1 2), build DeepSpeed v0.19.2
-# with the first N patches, install it into the current Python, and run the scenario suite with
+# Bisect and necessity proof: for each prefix length N given (default 1 2), build DeepSpeed
+# $ZERO3_VERSION (default v0.19.2) with the first N patches, install it into the current Python, and run the scenario suite with
 # ZERO3_SERIES_PREFIX=N. There every test whose needs_patch(k) has k <= N must pass, and every test
 # with k > N must see its scenario fail: so each prefix passes its own tests, and leaving out patch
 # N+1 fails at least the tests that name it. Run by `tox -e bisect`; the full series is `tox -e cpu`,
@@ -8,6 +8,7 @@
 set -euo pipefail
 cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python}
+VERSION=${ZERO3_VERSION:-v0.19.2}
 prefixes=("$@")
 ((${#prefixes[@]})) || prefixes=(1 2)
 for n in "${prefixes[@]}"; do
@@ -15,9 +16,9 @@ for n in "${prefixes[@]}"; do
 done
 status=0
 for n in "${prefixes[@]}"; do
-    dest=build/deepspeed-v0.19.2-p$n
+    dest=build/deepspeed-$VERSION-p$n
     echo "== prefix $n: $dest"
-    bash scripts/apply.sh v0.19.2 --patches "$n" --dest "$dest"
+    bash scripts/apply.sh "$VERSION" --patches "$n" --dest "$dest"
     "$PYTHON" -m pip install --quiet --no-build-isolation "$dest"
     if ! ZERO3_SERIES_PREFIX=$n "$PYTHON" -m pytest -q tests/test_frozen_ckpt.py tests/test_hf_llama_peft.py; then
         echo "== prefix $n: FAILED" >&2

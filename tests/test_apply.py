@@ -192,10 +192,10 @@ def synthetic_series(tmp_path_factory, pristine_tree):
 
 @pytest.fixture(scope="session")
 def real_series():
-    if not (REPO / "patches" / "series").is_file():
-        pytest.fail("patches/series is missing: the project's patch series must be in patches/ "
+    if not (REPO / "patches" / "v0.19.2" / "series").is_file():
+        pytest.fail("patches/v0.19.2/series is missing: the project's patch series must be in patches/v0.19.2/ "
                     "(generate it with scripts/export-patches.sh); this test never skips")
-    return REPO / "patches"
+    return REPO / "patches" / "v0.19.2"
 
 
 @pytest.fixture(params=["synthetic", "real"])

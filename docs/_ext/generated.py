@@ -310,7 +310,7 @@ def setup(app):
             group += body
             return [table]
 
-    app.add_config_value("patches_dir", "../patches", "env")
+    app.add_config_value("patches_dir", "../patches/v0.19.2", "env")
     app.add_directive("patch-series", PatchSeriesDirective)
     app.add_config_value("generated_dir", "_generated", "env")
     app.add_directive("generated", GeneratedDirective)
