@@ -152,3 +152,15 @@ def sft_lora(*, non_reentrant, steps=3):
         "trl_forced_reentrant": trl_forced_reentrant,
         "trl_patched": hasattr(trl_import_utils, TRL_GATE),
     }
+
+
+def trl_gate_feature(*, functions):
+    """What integrations/trl's gate looks for in a DeepSpeed that calls itself older than 0.19.3:
+    one of ``functions`` in the partitioned-parameter coordinator. The series must provide one,
+    pristine v0.19.2 none (the gate would otherwise lift TRL's override where DeepSpeed crashes)."""
+    from deepspeed.runtime.zero import partitioned_param_coordinator
+
+    present = [name for name in functions if hasattr(partitioned_param_coordinator, name)]
+    assert present, (f"DeepSpeed {deepspeed.__version__} defines none of {functions}: integrations/trl's gate "
+                     "would keep forcing use_reentrant=True on it")
+    return present
