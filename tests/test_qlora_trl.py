@@ -58,6 +58,17 @@ def run_non_reentrant(pool, request, target, **kwargs):
     return None
 
 
+def report_losses(request, result, reference):
+    """Compares the non-reentrant run's losses (None where it failed as expected) with the
+    reentrant reference's, and prints both on one line (scripts/gpu-qlora-trl.sh's table reads it)."""
+    if result is None:
+        return
+    losses, expected = result[0]["losses"], reference["losses"]
+    print(f"\n{request.node.name} losses: non-reentrant {[round(x, 4) for x in losses]}, "
+          f"reentrant {[round(x, 4) for x in expected]}")
+    assert losses == pytest.approx(expected, rel=LOSS_RTOL), (result, reference)
+
+
 @pytest.mark.needs_patch(1)
 @pytest.mark.invariants("I1")
 def test_qlora_bnb_4bit_llama_non_reentrant(one_gpu_pool, request):
@@ -65,8 +76,7 @@ def test_qlora_bnb_4bit_llama_non_reentrant(one_gpu_pool, request):
     require("bitsandbytes", "peft")
     reference = one_gpu_pool.run(f"{QLORA}:qlora_llama", use_reentrant=True)[0]
     result = run_non_reentrant(one_gpu_pool, request, f"{QLORA}:qlora_llama", use_reentrant=False)
-    if result is not None:
-        assert result[0]["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL), (result, reference)
+    report_losses(request, result, reference)
 
 
 @pytest.mark.needs_patch(1)
@@ -75,7 +85,6 @@ def test_trl_sft_trainer_peft_zero3_non_reentrant(one_gpu_pool, request):
     """SFTTrainer with a ZeRO-3 config dict, PEFT LoRA and use_reentrant=False: TRL 1.16.0 turns
     it into True, the scenario turns it back (integrations/trl's patch makes that unnecessary)."""
     require("trl", "datasets", "peft")
-    reference = one_gpu_pool.run(f"{TRL}:sft_lora", non_reentrant=False)[0]
-    result = run_non_reentrant(one_gpu_pool, request, f"{TRL}:sft_lora", non_reentrant=True)
-    if result is not None:
-        assert result[0]["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL), (result, reference)
+    reference = one_gpu_pool.run(f"{TRL}:sft_lora", use_reentrant=True)[0]
+    result = run_non_reentrant(one_gpu_pool, request, f"{TRL}:sft_lora", use_reentrant=False)
+    report_losses(request, result, reference)

@@ -38,7 +38,8 @@ def checkpointing_use_reentrant(model):
 
     values = {
         module._gradient_checkpointing_func.keywords.get("use_reentrant")
-        for module in model.modules() if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing
+        for module in model.modules()
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing
     }
     assert values, "no decoder layer has gradient checkpointing enabled"
     return values

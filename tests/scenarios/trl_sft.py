@@ -61,14 +61,15 @@ def text_dataset(rows):
     return Dataset.from_dict({"text": texts})
 
 
-def sft_lora(*, non_reentrant, steps=3):
-    """Trains a LoRA adapter with SFTTrainer under ZeRO-3 with gradient checkpointing.
+def sft_lora(*, use_reentrant, steps=3):
+    """Trains a LoRA adapter with SFTTrainer under ZeRO-3 with gradient checkpointing, asking TRL
+    for ``gradient_checkpointing_kwargs={"use_reentrant": use_reentrant}``.
 
-    ``non_reentrant``: ask TRL for ``use_reentrant=False`` and make sure the training runs that
-    way (v0.19.2: CheckpointError in the first backward); otherwise leave TRL's default, which
-    under PEFT + ZeRO-3 is reentrant. Checks: the decoder layers run the intended checkpointing,
-    every step logs a finite loss, ZeRO-3 is quiescent after training. Returns the losses and
-    what TRL did to the request.
+    False: where TRL overrides it, the override is undone, so the training runs non-reentrant
+    (v0.19.2: CheckpointError in the first backward). Checks: TRL overrode exactly where it should
+    (always as released; with integrations/trl's patch, where its gate says DeepSpeed lacks the
+    fix), the decoder layers ran the requested checkpointing, every step logged a finite loss and,
+    non-reentrant, ZeRO-3 is quiescent after training. Returns the losses and what TRL did.
     """
     import trl
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
@@ -85,7 +86,6 @@ def sft_lora(*, non_reentrant, steps=3):
     ds_config["gradient_accumulation_steps"] = "auto"
     ds_config["optimizer"]["params"]["lr"] = "auto"
     output_dir = tempfile.mkdtemp(prefix="zero3-trl-sft-")
-    requested = {"use_reentrant": False} if non_reentrant else None
     # constructing the config registers ZeRO-3 with transformers, which then builds the model
     # under deepspeed.zero.Init: keep it alive until training is over
     args = SFTConfig(output_dir=output_dir,
@@ -95,7 +95,7 @@ def sft_lora(*, non_reentrant, steps=3):
                      lr_scheduler_type="constant",
                      warmup_steps=0,
                      gradient_checkpointing=True,
-                     gradient_checkpointing_kwargs=dict(requested) if requested else None,
+                     gradient_checkpointing_kwargs={"use_reentrant": use_reentrant},
                      deepspeed=ds_config,
                      bf16=bf16,
                      max_length=16,
@@ -123,8 +123,8 @@ def sft_lora(*, non_reentrant, steps=3):
                              processing_class=word_level_tokenizer(),
                              peft_config=lora_config())
         trl_kwargs = dict(trainer.args.gradient_checkpointing_kwargs or {})
-        trl_forced_reentrant = non_reentrant and trl_kwargs.get("use_reentrant") is True
-        if non_reentrant:
+        trl_forced_reentrant = not use_reentrant and trl_kwargs.get("use_reentrant") is True
+        if not use_reentrant:
             # TRL as released overrides always; with integrations/trl's patch, exactly where its
             # DeepSpeed gate says the installed DeepSpeed lacks the fix
             gate = getattr(trl_import_utils, TRL_GATE, None)
@@ -137,12 +137,12 @@ def sft_lora(*, non_reentrant, steps=3):
 
         trainer.train()
         # what the decoder layers ran with
-        assert checkpointing_use_reentrant(trainer.model) == {not non_reentrant}, trl_kwargs
+        assert checkpointing_use_reentrant(trainer.model) == {use_reentrant}, trl_kwargs
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         assert len(losses) == steps, trainer.state.log_history
         assert all(math.isfinite(loss) for loss in losses), losses
         engine = trainer.model_wrapped
-        if non_reentrant:
+        if not use_reentrant:
             assert_quiescent(engine, "after SFTTrainer.train()")
         engine.destroy()
     finally:
