@@ -207,6 +207,15 @@ for config in "${CONFIGS[@]}"; do
         echo "-- $config: pytest exited ${STATUS[$config]}; the end of $WORK/logs/pytest-$config.log:"
         tail -n 40 "$WORK/logs/pytest-$config.log"
     fi
+    # on a GPU a skipped test is a failure of this script: it exists to run them
+    expected=2
+    [[ $config == *-patched ]] && expected=1
+    recorded=0
+    if [[ -f $WORK/logs/results-$config.jsonl ]]; then recorded=$(wc -l <"$WORK/logs/results-$config.jsonl"); fi
+    if [[ $DEVICE == cuda ]] && ((recorded != expected)); then
+        failed=1
+        echo "-- $config: $recorded of $expected tests recorded a result (skipped?): see $WORK/logs/pytest-$config.log"
+    fi
 done
 if [[ -n $OUTDIR ]]; then
     mkdir -p -- "$OUTDIR"
