@@ -11,6 +11,7 @@ usage() {
     cat <<'EOF'
 Usage: scripts/build-wheelhouse.sh [--dest DIR] [--python-version X.Y] [--platform TAG]...
                                    [--version VERSION] [--test-deps] [--bench-upstream VERSION]
+                                   [--qlora-trl]
 
 Downloads into DIR (default: ./wheelhouse of this repository) wheels built for the target
 interpreter and platform (default: CPython 3.12, manylinux x86_64), never for this machine:
@@ -24,6 +25,11 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
   - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
     torch (for hosts that lack them; peft and accelerate are fetched without their
     dependencies, which would otherwise drag in a CUDA torch of several GB)
+  - with --qlora-trl: a self-contained set in DIR/qlora-trl/ for scripts/gpu-qlora-trl.sh (the
+    real-QLoRA and TRL GPU tests): bitsandbytes, trl, datasets (+ dill, multiprocess), hjson and
+    pydantic (+ pydantic-core, annotated-types, typing-inspection), the DeepSpeed sdist and
+    TRL's sdist (for integrations/trl's patch). bitsandbytes alone is about 43 MB, so this set
+    travels to a GPU host on its own, not with the rest of DIR; see scripts/gpu-qlora-trl.sh
 torch itself is never downloaded: the GPU host's own build is used.
 
 On the GPU host (no network):
@@ -41,7 +47,7 @@ die() {
     exit 2
 }
 
-DEST=$REPO_ROOT/wheelhouse PYVER=3.12 VERSION='' TEST_DEPS=0 BENCH_UPSTREAM=''
+DEST=$REPO_ROOT/wheelhouse PYVER=3.12 VERSION='' TEST_DEPS=0 BENCH_UPSTREAM='' QLORA_TRL=0
 PLATFORMS=()
 while (($#)); do
     case $1 in
@@ -50,6 +56,7 @@ while (($#)); do
             exit 0
             ;;
         --test-deps) TEST_DEPS=1 ;;
+        --qlora-trl) QLORA_TRL=1 ;;
         --dest | --python-version | --platform | --version | --bench-upstream)
             if (($# < 2)) || [[ -z $2 ]]; then die "option $1 needs a value"; fi
             case $1 in
@@ -119,6 +126,26 @@ fi
 if [[ -n $BENCH_UPSTREAM ]]; then
     echo "== DeepSpeed sdist $BENCH_UPSTREAM, for the benchmark's upstream variant"
     pip_dl --no-deps --no-binary :all: "deepspeed==$BENCH_UPSTREAM"
+fi
+
+if ((QLORA_TRL)); then
+    qdir=$DEST/qlora-trl
+    echo "== scripts/gpu-qlora-trl.sh's set, in $qdir"
+    mkdir -p -- "$qdir"
+    # --no-deps throughout: bitsandbytes, trl and datasets require torch, accelerate, pyarrow or
+    # pandas, which the GPU host has (their own copies would be hundreds of MB). The versions are
+    # pinned to what was tested: datasets 4.7.0 is the oldest TRL 1.16.0 takes, with the loosest
+    # bounds on the host's huggingface-hub, fsspec and pyarrow; dill and multiprocess as it needs.
+    # bitsandbytes 0.50.2's only Linux wheel is tagged manylinux_2_24, which the default list skips
+    arch=$(sed -E 's/^manylinux(1|2010|2014|_[0-9]+_[0-9]+)_//' <<<"${PLATFORMS[0]}")
+    "$py" -m pip download --disable-pip-version-check --dest "$qdir" "${target[@]}" --no-deps \
+        --platform "manylinux_2_24_$arch" bitsandbytes==0.50.2 trl==1.16.0 datasets==4.7.0 dill==0.4.0 \
+        multiprocess==0.70.18 hjson
+    # pydantic pins its pydantic-core exactly: resolved, not listed
+    "$py" -m pip download --disable-pip-version-check --dest "$qdir" "${target[@]}" 'pydantic>=2.0.0'
+    cp -- "$DEST/$sdist_name" "$qdir/"
+    "$py" -m pip download --disable-pip-version-check --dest "$qdir" --no-deps --no-binary :all: trl==1.16.0
+    echo "== $(find "$qdir" -maxdepth 1 -type f | wc -l) files in $qdir ($(du -sh -- "$qdir" | cut -f1))"
 fi
 
 if find "$DEST" -maxdepth 1 \( -name 'torch-*' -o -name 'nvidia_*' -o -name 'triton-*' \) | grep -q .; then
