@@ -113,12 +113,13 @@ step_deps() {
     printf '%s\n' "$want" >"$stamp"
 }
 
-# What identifies the tree's content: its commit, plus any change to tracked files (a pip install
-# in place rewrites git_version_info_installed.py, which does not count).
+# What identifies the tree's content: its commit, plus any change to tracked files. Taken after
+# the install, since pip rewrites tracked files of an sdist tree (deepspeed.egg-info/,
+# deepspeed/git_version_info_installed.py): an untouched tree then matches its stamp.
 tree_state() {
     local tree=$1
     printf 'tree=%s\nhead=%s\ndiff=%s\n' "$tree" "$(git -C "$tree" rev-parse HEAD)" \
-        "$(git -C "$tree" diff HEAD -- . ':(exclude)deepspeed/git_version_info_installed.py' | cksum)"
+        "$(git -C "$tree" diff HEAD -- . | cksum)"
 }
 
 step_deepspeed() {
@@ -133,7 +134,7 @@ step_deepspeed() {
     fi
     rm -f -- "$stamp"
     quiet_pip --no-build-isolation "$tree"
-    printf '%s\n' "$state" >"$stamp"
+    tree_state "$tree" >"$stamp"
     say "installed deepspeed $(dist_version deepspeed) from $tree at $(git -C "$tree" rev-parse --short HEAD) (pip log: $LOG)"
 }
 

@@ -26,6 +26,8 @@ if [[ $1 == -m && $2 == pip ]]; then
     shift 2
     echo "$*" >>"$FAKE_PREFIX/pip-calls"
     for a; do [[ $a == torch==* ]] && echo "${a#torch==}+fake" >"$FAKE_PREFIX/installed-torch"; done
+    # Installing a tree: like pip, rewrite one of its tracked files (an sdist tracks deepspeed.egg-info/).
+    for a; do [[ -d $a/.git ]] && echo "rewritten by pip" >>"$a/PKG-INFO" && echo 0.19.2 >"$FAKE_PREFIX/installed-deepspeed"; done
     exit 0
 fi
 if [[ $1 == -m && $2 == tests.upstream_compat.run ]]; then echo "upstream-style run: $*"; exit 0; fi
@@ -153,6 +155,29 @@ def test_upstream_compat_runs_only_without_test_paths(fake, tmp_path):
     proc = step(env, "upstream-compat", str(tmp_path), "tests/test_apply.py", "-x")
     assert proc.returncode == 0 and "upstream-style run" not in proc.stdout
     assert f"test paths given (tests/test_apply.py -x): the upstream-style tests of {tmp_path} are not run" in proc.stdout
+
+
+def test_tree_is_reinstalled_only_when_it_changed(fake, tmp_path):
+    prefix, env = fake
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "PKG-INFO").write_text("as in the sdist\n")
+    ident = ["-c", "user.name=T", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run(["git", "-C", str(tree), *ident, "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(tree), *ident, "commit", "-q", "-m", "base"], check=True)
+    assert "installed deepspeed 0.19.2 from" in step(env, "deepspeed", str(tree)).stdout
+    # pip rewrote a tracked file during the install: that alone is no reason to install again.
+    again = step(env, "deepspeed", str(tree))
+    assert "already installed" in again.stdout, again.stdout + again.stderr
+    assert len(pip_calls(prefix)) == 1
+    (tree / "new.py").write_text("x = 1\n")
+    subprocess.run(["git", "-C", str(tree), *ident, "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(tree), *ident, "commit", "-q", "-m", "a change"], check=True)
+    assert "installed deepspeed" in step(env, "deepspeed", str(tree)).stdout
+    (tree / "new.py").write_text("x = 2\n")  # uncommitted edits count too
+    assert "installed deepspeed" in step(env, "deepspeed", str(tree)).stdout
+    assert len(pip_calls(prefix)) == 3
 
 
 def test_unknown_step_is_refused(fake):
