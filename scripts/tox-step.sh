@@ -82,8 +82,13 @@ install_torch() {
         # An extra index: pip picks the highest version, and VERSION+cpu sorts above PyPI's VERSION.
         quiet_pip --extra-index-url "$index" "torch==$version"
     else
-        printf '%s: warning: torch index %s not reachable within %s s (%s); installing torch==%s from pip'"'"'s configured sources. From PyPI that is the CUDA build with its nvidia-* packages (several GB): set ZERO3_TORCH_INDEX to a reachable mirror of the CPU index, or put a torch-%s+cpu wheel into PIP_FIND_LINKS\n' \
-            "$PROG" "$index" "${ZERO3_TORCH_INDEX_TIMEOUT:-10}" "$why" "$version" "$version" >&2
+        {
+            printf '%s: warning: torch index %s not reachable within %s s (%s); ' \
+                "$PROG" "$index" "${ZERO3_TORCH_INDEX_TIMEOUT:-10}" "$why"
+            printf "installing torch==%s from pip's configured sources. From PyPI that is the CUDA build " "$version"
+            printf 'with its nvidia-* packages (several GB): set ZERO3_TORCH_INDEX to a reachable mirror of '
+            printf 'the CPU index, or put a torch-%s+cpu wheel into PIP_FIND_LINKS\n' "$version"
+        } >&2
         quiet_pip "torch==$version"
     fi
     say "torch $(dist_version torch) installed"
@@ -129,13 +134,15 @@ step_deepspeed() {
     stamp=$PREFIX/zero3-deepspeed.txt
     state=$(tree_state "$tree")
     if [[ -f $stamp && $(<"$stamp") == "$state" && -n $(dist_version deepspeed) ]]; then
-        say "deepspeed $(dist_version deepspeed) from $tree at $(git -C "$tree" rev-parse --short HEAD) already installed"
+        say "deepspeed $(dist_version deepspeed) from $tree at $(git -C "$tree" rev-parse --short HEAD)" \
+            "already installed"
         return
     fi
     rm -f -- "$stamp"
     quiet_pip --no-build-isolation "$tree"
     tree_state "$tree" >"$stamp"
-    say "installed deepspeed $(dist_version deepspeed) from $tree at $(git -C "$tree" rev-parse --short HEAD) (pip log: $LOG)"
+    say "installed deepspeed $(dist_version deepspeed) from $tree at" \
+        "$(git -C "$tree" rev-parse --short HEAD) (pip log: $LOG)"
 }
 
 step_upstream_compat() {

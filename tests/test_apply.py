@@ -440,7 +440,8 @@ def test_rerun_recognises_existing_destination(tmp_path, sdist, synthetic_series
     assert printed_path(again) == dest
     assert git(dest, "rev-parse", "HEAD") == head
     # A different request is refused until --force, which rebuilds to the same commit ids.
-    refused(apply(*args, "--patches", "1"), E_DIFFERENT, "--force", f"every commit on {BRANCH} is a patch of the series")
+    refused(apply(*args, "--patches", "1"), E_DIFFERENT, "--force",
+            f"every commit on {BRANCH} is a patch of the series")
     assert git(dest, "rev-parse", "HEAD") == head
     forced = ok(apply(*args, "--patches", "1", "--force"))
     assert (f"--force: replacing {dest} (it held version {VERSION} with 3 patch(es) on branch {BRANCH} at "

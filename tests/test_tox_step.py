@@ -27,7 +27,9 @@ if [[ $1 == -m && $2 == pip ]]; then
     echo "$*" >>"$FAKE_PREFIX/pip-calls"
     for a; do [[ $a == torch==* ]] && echo "${a#torch==}+fake" >"$FAKE_PREFIX/installed-torch"; done
     # Installing a tree: like pip, rewrite one of its tracked files (an sdist tracks deepspeed.egg-info/).
-    for a; do [[ -d $a/.git ]] && echo "rewritten by pip" >>"$a/PKG-INFO" && echo 0.19.2 >"$FAKE_PREFIX/installed-deepspeed"; done
+    for a; do
+        [[ -d $a/.git ]] && echo "rewritten by pip" >>"$a/PKG-INFO" && echo 0.19.2 >"$FAKE_PREFIX/installed-deepspeed"
+    done
     exit 0
 fi
 if [[ $1 == -m && $2 == tests.upstream_compat.run ]]; then echo "upstream-style run: $*"; exit 0; fi
@@ -154,7 +156,8 @@ def test_upstream_compat_runs_only_without_test_paths(fake, tmp_path):
     assert proc.returncode == 0 and f"upstream-style run: -m tests.upstream_compat.run {tmp_path} -q" in proc.stdout
     proc = step(env, "upstream-compat", str(tmp_path), "tests/test_apply.py", "-x")
     assert proc.returncode == 0 and "upstream-style run" not in proc.stdout
-    assert f"test paths given (tests/test_apply.py -x): the upstream-style tests of {tmp_path} are not run" in proc.stdout
+    assert (f"test paths given (tests/test_apply.py -x): the upstream-style tests of {tmp_path} are not run"
+            in proc.stdout)
 
 
 def test_tree_is_reinstalled_only_when_it_changed(fake, tmp_path):
