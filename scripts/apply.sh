@@ -622,12 +622,16 @@ if [[ $SOURCE == checkout ]]; then
     CO_TMP_BRANCH=
     record "$top" "your checkout $top (commit verified)"
     summary "patched DeepSpeed $VERSION: branch $BRANCH in your checkout $top" "$top"
-    if git -C "$top" show-ref --verify --quiet "refs/heads/$CO_ORIG"; then
-        back="git -C $top switch $CO_ORIG"
+    if [[ $CO_ORIG == "$BRANCH" ]]; then
+        info "the HEAD of $top was on $BRANCH and stays on it, now the re-created branch"
     else
-        back="git -C $top switch --detach $CO_ORIG"
+        if git -C "$top" show-ref --verify --quiet "refs/heads/$CO_ORIG"; then
+            back="git -C $top switch $CO_ORIG"
+        else
+            back="git -C $top switch --detach $CO_ORIG"
+        fi
+        info "switched the HEAD of $top from $CO_ORIG to the new branch $BRANCH; to go back: $back"
     fi
-    info "switched the HEAD of $top from $CO_ORIG to the new branch $BRANCH; to go back: $back"
     config=$(git -C "$top" rev-parse --git-path config)
     [[ $config == /* ]] || config=$top/$config
     info "wrote branch.$BRANCH.zero3version, .zero3upstream, .zero3base and .zero3source to $config (apply.sh's record of the branch; git branch -D $BRANCH removes them)"

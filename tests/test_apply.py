@@ -479,11 +479,15 @@ def test_refusal_in_a_checkout_names_the_commits_force_deletes(fork, synthetic_s
     ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, "--patches", "2", env=env))
     git(repo, "commit", "-q", "--allow-empty", "-m", "a note on the branch", env=env)
     note = git(repo, "rev-parse", "--short", "HEAD")
-    git(repo, "switch", "-q", "work")
     refused(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, env=env), E_DIFFERENT,
             "re-run with --force to re-create the branch", f"{note} a note on the branch")
     forced = ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, "--force", env=env))
     assert f"--force: replacing branch {BRANCH} (it held version {VERSION} with 3 patch(es) at {note}" in forced.stderr
+    # The checkout was on the replaced branch: it stays there, on the new commits.
+    assert f"the HEAD of {repo} was on {BRANCH} and stays on it, now the re-created branch" in forced.stderr
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert commits_since(repo, VERSION, BRANCH) == [patch_subject(synthetic_series / p) for p in
+                                                     series_of(synthetic_series)]
 
 
 # ---------------------------------------------------------------------------------------------
