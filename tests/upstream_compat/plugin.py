@@ -9,7 +9,6 @@ upstream's harness skips when "not enough GPUs are available".
 """
 
 import inspect
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -43,12 +42,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "world_size(n): run this DistributedTest method on n ranks")
     _report = WorldSizeReport(_world_choice)
     config.pluginmanager.register(_report, "zero3-world-size-report")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def harness_tmpdir(tmp_path_factory):
-    # As in tests/conftest.py: the rank logs go where pytest prunes them after a few sessions.
-    os.environ.setdefault("ZERO3_HARNESS_TMPDIR", str(tmp_path_factory.getbasetemp() / "harness"))
 
 
 @pytest.fixture(scope="class")
