@@ -4,7 +4,8 @@ Environment: ZERO3_TEST_DEVICE=cpu|cuda (gloo or NCCL; default cpu), ZERO3_WORLD
 default 2 ranks, on CUDA at most one per visible GPU: see tests/harness/world.py), ZERO3_TEST_TIMEOUT
 (seconds a run may take, default 300), ZERO3_TEST_GRACE (seconds the other ranks get after one fails,
 default 5), ZERO3_POOL_START_TIMEOUT (default 600), ZERO3_TEST_LOG_DIR (keep the rank logs there),
-ZERO3_HARNESS_TMPDIR (where the pools make their log directories; default: pytest's basetemp), ZERO3_TEST_SHM_OP=1 (let DeepSpeed JIT-build its CPU shm comm op, as a stock install does).
+ZERO3_HARNESS_TMPDIR (where the pools make their log directories; default: pytest's basetemp),
+ZERO3_TEST_SHM_OP=1 (let DeepSpeed JIT-build its CPU shm comm op, as a stock install does).
 After the tests, a summary says how many tests ran rank processes at which world size."""
 
 import os
