@@ -96,7 +96,7 @@ install_torch() {
 
 step_deps() {
     (($#)) || die "deps needs at least one requirement"
-    local stamp=$PREFIX/zero3-deps.txt want torch='' rest=() r constraint
+    local stamp=$PREFIX/zero3-deps.txt want torch="" rest=() r constraint have
     want=$(printf '%s\n' "ZERO3_TORCH_INDEX=${ZERO3_TORCH_INDEX-default}" "$@")
     if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
         say "deps: already installed ($*)"
