@@ -68,6 +68,7 @@ Exit codes:
   8   base verification failed (tag at another commit, sdist sha256 mismatch, odd sdist layout)
   9   a patch did not apply (nothing is left behind)
   10  patch directory or series file problem (missing file, --patches larger than the series)
+  130 interrupted (Ctrl-C); 143: terminated. What the run had created is removed, as on any error
 EOF
 }
 
@@ -217,6 +218,20 @@ if [[ ${N_PATCHES:-x} != 0 ]]; then
     fi
 fi
 N_PATCHES=${N_PATCHES:-0}
+# Patch ids of every patch the series lists (also beyond --patches N, and read for --pristine too):
+# a commit of an existing tree whose id is not among them is the user's own work, which --force
+# would delete, so the refusal and --force name such commits.
+SERIES_IDS=()
+if [[ -f $PATCH_DIR/series ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+        line=${line%$'\r'}
+        line=${line%%#*}
+        line=${line//[[:space:]]/}
+        [[ -n $line && $line != */* && -f $PATCH_DIR/$line ]] || continue
+        id=$(git patch-id --stable <"$PATCH_DIR/$line" | cut -d' ' -f1)
+        SERIES_IDS+=("${id:-empty}")
+    done <"$PATCH_DIR/series"
+fi
 SERIES=("${SERIES[@]:0:N_PATCHES}")
 
 # What "the same patch set" means when a destination already exists: the same diffs, in order.
@@ -306,6 +321,36 @@ describe_state() {
     printf 'version %s with %s patch(es)' "$v" "$n"
 }
 
+# The commits on BRANCH of REPO (since its recorded base) that are not patches of the series, one
+# "<short id> <subject>" line each, oldest first.
+foreign_commits() {
+    local repo=$1 branch=$2 base c id
+    base=$(git -C "$repo" config --get "branch.$branch.zero3base") || return 0
+    for c in $(git -C "$repo" rev-list --reverse "$base..refs/heads/$branch"); do
+        id=$(git -C "$repo" show --format='commit %H' --patch "$c" | git patch-id --stable | cut -d' ' -f1)
+        [[ " ${SERIES_IDS[*]} " == *" ${id:-empty} "* ]] || git -C "$repo" log -1 --format='%h %s' "$c"
+    done
+}
+
+# What --force would lose on BRANCH of REPO (and, with a third argument, in that tree's working
+# directory), as one sentence.
+force_loss() {
+    local repo=$1 branch=$2 tree=${3:-} list n dirty=''
+    list=$(foreign_commits "$repo" "$branch")
+    if [[ -n $tree ]]; then
+        dirty=$(git -C "$tree" status --porcelain -- . ':(exclude)deepspeed/git_version_info_installed.py' 2>/dev/null |
+            cut -c4- | paste -sd, - | sed 's/,/, /g')
+    fi
+    if [[ -z $list ]]; then
+        printf 'every commit on %s is a patch of the series' "$branch"
+    else
+        n=$(printf '%s\n' "$list" | wc -l)
+        printf '%s commit(s) on %s are not in the series and --force deletes them (save them first, e.g. with git format-patch): %s' \
+            "$n" "$branch" "$(printf '%s\n' "$list" | paste -sd';' - | sed 's/;/; /g')"
+    fi
+    [[ -z $dirty ]] || printf '; uncommitted changes that --force deletes too: %s' "$dirty"
+}
+
 summary() {
     local heading=$1 repo=$2 base source count
     base=$(git -C "$repo" config --get "branch.$BRANCH.zero3base")
@@ -348,7 +393,7 @@ net_git() {
 # source is unavailable. Verification failures exit at once. They signal through FAIL_REASON, not
 # their status, because bash ignores `set -e` inside a function called as a condition.
 
-BASE='' SOURCE_DESC='' FAIL_REASON=''
+BASE='' SOURCE_DESC='' FAIL_REASON='' REPLACED=''
 
 from_git() {
     local repo=$1 url=${DEEPSPEED_GIT_URL:-$DEFAULT_GIT_URL} out found
@@ -502,12 +547,15 @@ apply_series() {
         if ! out=$(git -C "$repo" "$@" am --no-3way --no-scissors --no-keep-cr --no-message-id \
             --whitespace=warn --committer-date-is-author-date -- "$PATCH_DIR/$p" 2>&1); then
             git -C "$repo" am --abort >/dev/null 2>&1 || true
-            printf '%s\n' "$out" | sed 's/^/  git am: /' >&2
+            # git am's advice (--continue, --skip, --abort, --show-current-patch) is about an am that
+            # was aborted just now, and its "Patch failed at 0001" counts within this one-patch am.
+            printf '%s\n' "$out" | grep -v -e '^hint:' -e 'git am --' -e '^Patch failed at ' |
+                sed 's/^/  git am: /' >&2 || true
             files=$(printf '%s\n' "$out" | sed -n \
                 -e 's/^error: patch failed: \(.*\):[0-9][0-9]*$/\1/p' \
                 -e 's/^error: \(.*\): \(patch does not apply\|does not exist in index\|already exists in index\|already exists in working directory\|does not match index\|No such file or directory\)$/\1/p' |
                 sort -u | paste -sd, - | sed 's/,/, /g')
-            die "$E_PATCH" "patch $p ($((i + 1)) of ${#SERIES[@]}) did not apply to $VERSION; failing file(s): ${files:-unknown, see the git am output above}"
+            die "$E_PATCH" "patch $p ($((i + 1)) of ${#SERIES[@]}) did not apply to $VERSION; failing file(s): ${files:-unknown, see the git am output above}; the am was aborted and nothing of this run is left"
         fi
     done
 }
@@ -537,7 +585,8 @@ if [[ $SOURCE == checkout ]]; then
             summary "already applied: $VERSION with ${#SERIES[@]} patch(es) on branch $BRANCH of $top" "$top"
             exit 0
         fi
-        ((FORCE)) || die "$E_DIFFERENT" "branch $BRANCH in $top holds $(describe_state "$top"), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create the branch"
+        ((FORCE)) || die "$E_DIFFERENT" "branch $BRANCH in $top holds $(describe_state "$top"), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create the branch ($(force_loss "$top" "$BRANCH"))"
+        REPLACED="branch $BRANCH (it held $(describe_state "$top") at $(git -C "$top" rev-parse --short "refs/heads/$BRANCH"); $(force_loss "$top" "$BRANCH"))"
     fi
     [[ -z $(git -C "$top" status --porcelain --untracked-files=no) ]] ||
         die "$E_CHECKOUT" "checkout $top has uncommitted changes; commit or stash them first"
@@ -566,12 +615,26 @@ if [[ $SOURCE == checkout ]]; then
     fi
     apply_series "$top"
     if git -C "$top" show-ref --verify --quiet "refs/heads/$BRANCH"; then
+        info "--force: replacing $REPLACED"
         git -C "$top" config --remove-section "branch.$BRANCH" 2>/dev/null || true
     fi
     git -C "$top" branch -q -M "$tmpb" "$BRANCH"
     CO_TMP_BRANCH=
     record "$top" "your checkout $top (commit verified)"
     summary "patched DeepSpeed $VERSION: branch $BRANCH in your checkout $top" "$top"
+    if [[ $CO_ORIG == "$BRANCH" ]]; then
+        info "the HEAD of $top was on $BRANCH and stays on it, now the re-created branch"
+    else
+        if git -C "$top" show-ref --verify --quiet "refs/heads/$CO_ORIG"; then
+            back="git -C $top switch $CO_ORIG"
+        else
+            back="git -C $top switch --detach $CO_ORIG"
+        fi
+        info "switched the HEAD of $top from $CO_ORIG to the new branch $BRANCH; to go back: $back"
+    fi
+    config=$(git -C "$top" rev-parse --git-path config)
+    [[ $config == /* ]] || config=$top/$config
+    info "wrote branch.$BRANCH.zero3version, .zero3upstream, .zero3base and .zero3source to $config (apply.sh's record of the branch; git branch -D $BRANCH removes them)"
     exit 0
 fi
 
@@ -595,7 +658,8 @@ if [[ -e $DEST || -L $DEST ]]; then
             info "note: $DEST has uncommitted changes (a pip install in place rewrites deepspeed/git_version_info_installed.py)"
         exit 0
     fi
-    ((FORCE)) || die "$E_DIFFERENT" "destination $DEST was created by apply.sh but holds $(BRANCH=${marker_branch:-$BRANCH} describe_state "$DEST") (branch ${marker_branch:-?}), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create it"
+    ((FORCE)) || die "$E_DIFFERENT" "destination $DEST was created by apply.sh but holds $(BRANCH=${marker_branch:-$BRANCH} describe_state "$DEST") (branch ${marker_branch:-?}), not $VERSION with the ${#SERIES[@]} requested patch(es); re-run with --force to re-create it ($(force_loss "$DEST" "${marker_branch:-$BRANCH}" "$DEST"))"
+    REPLACED="$DEST (it held $(BRANCH=${marker_branch:-$BRANCH} describe_state "$DEST") on branch ${marker_branch:-?} at $(git -C "$DEST" rev-parse --short HEAD 2>/dev/null || echo '?'); $(force_loss "$DEST" "${marker_branch:-$BRANCH}" "$DEST"))"
 fi
 
 # Create missing parents, remembering which, so a failed run can remove exactly those.
@@ -644,7 +708,7 @@ printf '# Created by scripts/apply.sh; apply.sh --force may delete this whole di
 
 if [[ -e $DEST ]]; then
     # Only reached with --force on a destination whose marker was checked above.
-    info "--force: replacing $DEST"
+    info "--force: replacing $REPLACED"
     rm -rf -- "$DEST"
 fi
 mv -- "$WORK" "$DEST"

@@ -16,7 +16,8 @@ Usage: scripts/build-wheelhouse.sh [--dest DIR] [--python-version X.Y] [--platfo
 Downloads into DIR (default: ./wheelhouse of this repository) wheels built for the target
 interpreter and platform (default: CPython 3.12, manylinux x86_64), never for this machine:
   - DeepSpeed's runtime requirements except torch: einops hjson msgpack ninja numpy packaging
-    psutil py-cpuinfo pydantic (+ pydantic-core annotated-types typing-inspection ...) tqdm
+    psutil py-cpuinfo pydantic (+ pydantic-core annotated-types typing-inspection ...) tqdm, and
+    nvidia-ml-py (DeepSpeed's setup.py adds it when it sees a CUDA torch)
   - tox and its requirements, setuptools and wheel (DeepSpeed is built --no-build-isolation)
   - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
     checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
@@ -100,7 +101,8 @@ mkdir -p -- "$DEST"
 
 pip_dl() { "$py" -m pip download --disable-pip-version-check --dest "$DEST" "$@"; }
 
-runtime=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm)
+# As DeepSpeed's requirements/requirements.txt, minus torch; setup.py adds nvidia-ml-py on CUDA hosts.
+runtime=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm nvidia-ml-py)
 tools=(tox setuptools wheel)
 echo "== DeepSpeed runtime requirements (without torch), tox, setuptools, wheel"
 pip_dl "${target[@]}" "${runtime[@]}" "${tools[@]}"
@@ -148,7 +150,9 @@ if ((QLORA_TRL)); then
     echo "== $(find "$qdir" -maxdepth 1 -type f | wc -l) files in $qdir ($(du -sh -- "$qdir" | cut -f1))"
 fi
 
-if find "$DEST" -maxdepth 1 \( -name 'torch-*' -o -name 'nvidia_*' -o -name 'triton-*' \) | grep -q .; then
+# nvidia_ml_py is NVML's Python binding (pure Python, 50 kB), not a CUDA library.
+if find "$DEST" -maxdepth 1 \( -name 'torch-*' -o -name 'nvidia_*' -o -name 'triton-*' \) ! -name 'nvidia_ml_py-*' |
+    grep -q .; then
     die "a torch/CUDA wheel ended up in $DEST; remove it: the GPU host must use its own torch"
 fi
 echo "== $(find "$DEST" -maxdepth 1 -type f | wc -l) files in $DEST ($(du -sh -- "$DEST" | cut -f1))"

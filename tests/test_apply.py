@@ -1,7 +1,9 @@
 """Tests for scripts/apply.sh and scripts/export-patches.sh.
 
 They run the scripts as a user would (bash, real git, the real DeepSpeed sdist) in temporary
-directories. The sdist is read from ZERO3_TEST_SDIST, /work/dl, or downloaded once with pip.
+directories. The sdist is looked for where apply.sh looks (ZERO3_TEST_SDIST, then DEEPSPEED_SDIST,
+a file or a directory, then the directories of PIP_FIND_LINKS), else downloaded once with pip; the
+tests that need it skip, saying why, when none of that gives it (offline, without a wheelhouse).
 
 Two patch series are used:
 - a small synthetic series built here on the sdist tree (exercises every code path without
@@ -139,14 +141,40 @@ def _pypi_reachable():
         return False
 
 
+def local_sdist():
+    """The v0.19.2 sdist from ZERO3_TEST_SDIST, DEEPSPEED_SDIST or a PIP_FIND_LINKS directory, or None."""
+    candidates = [os.environ.get("ZERO3_TEST_SDIST"), os.environ.get("DEEPSPEED_SDIST")]
+    candidates += [d[len("file://"):] if d.startswith("file://") else d
+                   for d in os.environ.get("PIP_FIND_LINKS", "").split()]
+    for cand in filter(None, candidates):
+        path = Path(cand)
+        if path.is_dir():
+            path = path / SDIST_NAME
+        if path.is_file() and path.name == SDIST_NAME:
+            return path
+    return None
+
+
+def _index_disabled():
+    return os.environ.get("PIP_NO_INDEX", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 @pytest.fixture(scope="session")
 def sdist(tmp_path_factory):
-    for cand in (os.environ.get("ZERO3_TEST_SDIST"), f"/work/dl/{SDIST_NAME}"):
-        if cand and Path(cand).is_file():
-            return Path(cand)
+    found = local_sdist()
+    if found:
+        return found
+    if _index_disabled():
+        pytest.skip(f"{SDIST_NAME} is not in ZERO3_TEST_SDIST, DEEPSPEED_SDIST or PIP_FIND_LINKS, and PIP_NO_INDEX "
+                    "forbids downloading it")
     dest = tmp_path_factory.mktemp("sdist")
-    run(["python3", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "deepspeed==0.19.2", "-d", dest],
-        check=True)
+    # A bounded download: an index that does not answer must end in a skip, not in the session's timeout.
+    proc = run(["python3", "-m", "pip", "download", "--timeout", "30", "--retries", "1", "--no-deps", "--no-binary",
+                ":all:", "deepspeed==0.19.2", "-d", dest])
+    if proc.returncode != 0 or not (dest / SDIST_NAME).is_file():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"{SDIST_NAME} is not in ZERO3_TEST_SDIST, DEEPSPEED_SDIST or PIP_FIND_LINKS, and pip download "
+                    f"failed: {last}")
     return dest / SDIST_NAME
 
 
@@ -266,6 +294,7 @@ def test_help_documents_options_and_exit_codes():
         assert opt in proc.stdout
     for code in range(0, 11):
         assert re.search(rf"^  {code}\s", proc.stdout, re.M), f"exit code {code} undocumented"
+    assert re.search(r"^  130 interrupted", proc.stdout, re.M)
 
 
 def test_sdist_end_to_end(tmp_path, sdist, series_dir):
@@ -306,6 +335,8 @@ def test_sdist_base_commit_is_deterministic(tmp_path, sdist, pristine_tree):
 
 
 def test_real_pip_download_path(tmp_path):
+    if _index_disabled():
+        pytest.skip("PIP_NO_INDEX is set: this test downloads the sdist from PyPI")
     if not _pypi_reachable():
         pytest.skip("PyPI is unreachable from this machine")
     env = clean_env()
@@ -313,6 +344,21 @@ def test_real_pip_download_path(tmp_path):
     proc = ok(apply(VERSION, "--pristine", "--source", "sdist", "--dest", tmp_path / "ds", env=env))
     assert "downloading " + SDIST_NAME in proc.stderr
     assert f"sha256 {SDIST_SHA} verified" in proc.stderr
+
+
+def test_tests_find_the_sdist_where_apply_sh_does(tmp_path, monkeypatch):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / SDIST_NAME).write_bytes(b"stand-in")
+    for name in ("ZERO3_TEST_SDIST", "DEEPSPEED_SDIST", "PIP_FIND_LINKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert local_sdist() is None
+    monkeypatch.setenv("PIP_FIND_LINKS", f"/nonexistent file://{wheelhouse}")
+    assert local_sdist() == wheelhouse / SDIST_NAME
+    monkeypatch.setenv("DEEPSPEED_SDIST", str(tmp_path / "other.tar.gz"))  # missing: the next place counts
+    assert local_sdist() == wheelhouse / SDIST_NAME
+    monkeypatch.setenv("ZERO3_TEST_SDIST", str(wheelhouse))
+    assert local_sdist() == wheelhouse / SDIST_NAME
 
 
 def test_sdist_found_in_pip_find_links(tmp_path, sdist):
@@ -366,6 +412,12 @@ def test_checkout_source_makes_a_new_branch_only(upstream_repo, fork, synthetic_
     assert set(after) - set(before) == {BRANCH}
     assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
     assert git(repo, "rev-parse", f"{BRANCH}~3") == git(repo, "rev-parse", VERSION)
+    # It says that it moved the checkout's HEAD, how to go back, and what it wrote to the git config.
+    assert f"switched the HEAD of {repo} from work to the new branch {BRANCH}; to go back: git -C {repo} switch work" \
+        in proc.stderr
+    assert (f"wrote branch.{BRANCH}.zero3version, .zero3upstream, .zero3base and .zero3source to {repo}/.git/config"
+            in proc.stderr)
+    assert git(repo, "config", "--get", f"branch.{BRANCH}.zero3version") == VERSION
     # Same request again: recognised.
     again = ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, env=env))
     assert "already applied" in again.stdout
@@ -388,16 +440,66 @@ def test_rerun_recognises_existing_destination(tmp_path, sdist, synthetic_series
     assert printed_path(again) == dest
     assert git(dest, "rev-parse", "HEAD") == head
     # A different request is refused until --force, which rebuilds to the same commit ids.
-    refused(apply(*args, "--patches", "1"), E_DIFFERENT, "--force")
+    refused(apply(*args, "--patches", "1"), E_DIFFERENT, "--force",
+            f"every commit on {BRANCH} is a patch of the series")
     assert git(dest, "rev-parse", "HEAD") == head
-    ok(apply(*args, "--patches", "1", "--force"))
+    forced = ok(apply(*args, "--patches", "1", "--force"))
+    assert (f"--force: replacing {dest} (it held version {VERSION} with 3 patch(es) on branch {BRANCH} at "
+            f"{head[:7]}" in forced.stderr)
     assert len(commits_since(dest, base_of(dest))) == 1
     ok(apply(*args, "--force"))
     assert git(dest, "rev-parse", "HEAD") == head
 
 
+def test_refusal_and_force_name_the_commits_force_deletes(tmp_path, sdist, synthetic_series):
+    dest = tmp_path / "ds"
+    args = (VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", synthetic_series)
+    ok(apply(*args, "--patches", "1"))
+    (dest / "MY_WORK.txt").write_text("mine\n")
+    env = clean_env(GIT_AUTHOR_NAME="U", GIT_AUTHOR_EMAIL="u@example.invalid", GIT_COMMITTER_NAME="U",
+                    GIT_COMMITTER_EMAIL="u@example.invalid")
+    git(dest, "add", "MY_WORK.txt", env=env)
+    git(dest, "commit", "-q", "-m", "my own experiment", env=env)
+    mine = git(dest, "rev-parse", "--short", "HEAD")
+    (dest / "setup.py").write_text("edited\n")
+    proc = apply(*args)
+    refused(proc, E_DIFFERENT, "re-run with --force to re-create it",
+            f"1 commit(s) on {BRANCH} are not in the series and --force deletes them",
+            f"{mine} my own experiment", "uncommitted changes that --force deletes too: setup.py")
+    forced = ok(apply(*args, "--force"))
+    assert f"--force: replacing {dest} (it held version {VERSION} with 2 patch(es)" in forced.stderr
+    assert f"{mine} my own experiment" in forced.stderr
+    assert not (dest / "MY_WORK.txt").exists()
+
+
+def test_refusal_in_a_checkout_names_the_commits_force_deletes(fork, synthetic_series):
+    repo, pinned = fork
+    env = clean_env(ZERO3_PINNED_BASES=str(pinned), GIT_AUTHOR_NAME="U", GIT_AUTHOR_EMAIL="u@example.invalid",
+                    GIT_COMMITTER_NAME="U", GIT_COMMITTER_EMAIL="u@example.invalid")
+    ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, "--patches", "2", env=env))
+    git(repo, "commit", "-q", "--allow-empty", "-m", "a note on the branch", env=env)
+    note = git(repo, "rev-parse", "--short", "HEAD")
+    refused(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, env=env), E_DIFFERENT,
+            "re-run with --force to re-create the branch", f"{note} a note on the branch")
+    forced = ok(apply(VERSION, "--checkout", repo, "--patch-dir", synthetic_series, "--force", env=env))
+    assert f"--force: replacing branch {BRANCH} (it held version {VERSION} with 3 patch(es) at {note}" in forced.stderr
+    # The checkout was on the replaced branch: it stays there, on the new commits.
+    assert f"the HEAD of {repo} was on {BRANCH} and stays on it, now the re-created branch" in forced.stderr
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert commits_since(repo, VERSION, BRANCH) == [patch_subject(synthetic_series / p) for p in
+                                                     series_of(synthetic_series)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals: each asserts the exit code and message that only the check in question produces.
+
+
+def test_pinned_line_with_spaces_is_malformed(tmp_path):
+    pinned = tmp_path / "pinned.tsv"
+    pinned.write_text(" ".join([VERSION, UPSTREAM, SDIST_NAME, SDIST_SHA]) + "\n")
+    proc = apply(VERSION, "--pristine", "--dest", tmp_path / "ds", env=clean_env(ZERO3_PINNED_BASES=str(pinned)))
+    refused(proc, E_VERSION, f"malformed line for {VERSION} in {pinned}", "separated by one TAB each")
+    assert not (tmp_path / "ds").exists()
 
 
 def test_unknown_version_is_refused(tmp_path):
@@ -532,7 +634,12 @@ def test_failing_patch_leaves_nothing_behind(tmp_path, sdist, synthetic_series):
     dest = keep / "new" / "deeper" / "ds"
     proc = apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", patches)
     refused(proc, E_PATCH, f"patch {name} (2 of 3) did not apply",
-            "deepspeed/runtime/zero/partitioned_param_coordinator.py")
+            "deepspeed/runtime/zero/partitioned_param_coordinator.py", "the am was aborted")
+    # git am's own advice is about the am apply.sh already aborted; its "Patch failed at 0001" counts within a
+    # one-patch am. Neither is passed on.
+    assert "git am: error: patch failed" in proc.stderr
+    for advice in ("--continue", "--abort", "--skip", "hint:", "Patch failed at"):
+        assert advice not in proc.stderr, proc.stderr
     # Only what this run created is gone: the new directories, not the pre-existing parent.
     assert sorted(p.name for p in keep.iterdir()) == ["other.txt"]
 

@@ -1,4 +1,6 @@
-"""ZeRO-3 + activation checkpointing + frozen parameters: every scenario on 2 ranks.
+"""ZeRO-3 + activation checkpointing + frozen parameters: every scenario on the session's ranks
+(2; 1 on a host with one GPU or with ZERO3_WORLD_SIZE=1, where ZeRO-3 still partitions every
+parameter and v0.19.2 fails the same way).
 
 Each test says, with ``needs_patch(k)``, the first patch of the series it needs: 0 marks a guard
 (it passes on pristine v0.19.2 too), k > 0 a regression test that must fail on every tree with

@@ -59,9 +59,11 @@ def read_env():
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    # A pool of its own: these tests break it on purpose, which must not cost the scenario pool a restart.
-    with RankPool(2, log_dir=tmp_path_factory.mktemp("rank-logs"), name="harness-test") as p:
+def pool(tmp_path_factory, rank_pools):
+    # A pool of its own: these tests break it on purpose, which must not cost the scenario pool a restart. It has
+    # the session's world size (1 on a host with one GPU); the tests about a peer of a failing rank need 2.
+    with RankPool(rank_pools.default_world_size, log_dir=tmp_path_factory.mktemp("rank-logs"),
+                  name="harness-test") as p:
         yield p
 
 
@@ -79,18 +81,20 @@ def _gone(pid):
 
 
 def test_returns_per_rank_values(pool):
-    devices = ["cpu", "cpu"] if pool.device == "cpu" else ["cuda:0", "cuda:1"]
-    assert pool.run(describe_rank, tag="x") == [("x", 0, 2, devices[0], 0, "0"), ("x", 1, 2, devices[1], 1, "1")]
+    n = pool.world_size
+    devices = ["cpu"] * n if pool.device == "cpu" else [f"cuda:{r}" for r in range(n)]
+    assert pool.run(describe_rank, tag="x") == [("x", r, n, devices[r], r, str(r)) for r in range(n)]
     # The demo scenario, by name: rank r contributes 3 * (r + 1).
-    assert pool.run("tests.scenarios.smoke:all_reduce_sum", value=3) == [9.0, 9.0]
+    assert pool.run("tests.scenarios.smoke:all_reduce_sum", value=3) == [3.0 * n * (n + 1) / 2] * n
 
 
 def test_reuses_processes_and_restores_env(pool):
     pids = pool.run(set_env_and_return_pid)
-    assert pool.run(read_env) == [None, None]
+    assert pool.run(read_env) == [None] * pool.world_size
     assert pool.run(set_env_and_return_pid) == pids == pool.pids
 
 
+@pytest.mark.needs_ranks(2)
 def test_rank_error_reports_traceback_and_hung_peer(pool):
     pool.run(describe_rank, tag="warm")
     old_pids = pool.pids
@@ -108,7 +112,7 @@ def test_rank_error_reports_traceback_and_hung_peer(pool):
     assert outcome.elapsed < 30
     assert not pool.alive and all(_gone(pid) for pid in old_pids)
     zygote = pool.zygote_pid
-    assert pool.run(describe_rank, tag="again")[1][:3] == ("again", 1, 2)
+    assert pool.run(describe_rank, tag="again")[1][:3] == ("again", 1, pool.world_size)
     assert set(pool.pids).isdisjoint(old_pids)
     # On CPU the new ranks come from the same zygote, which imported DeepSpeed once for the whole session.
     assert pool.zygote_pid == zygote and (zygote is None) == (not pool.fork)
@@ -121,11 +125,13 @@ def test_hang_times_out(pool):
         pool.run(hang_forever, timeout=2)
     assert time.monotonic() - t0 < 10
     text = str(info.value)
-    assert "ranks 0, 1 timed out: no answer within 2 s; killed" in text
+    ranks = ", ".join(str(r) for r in range(pool.world_size))
+    assert f"rank{'s' if pool.world_size > 1 else ''} {ranks} timed out: no answer within 2 s; killed" in text
     assert "in hang_forever" in text  # the stacks dumped before the kill
     assert pool.run(describe_rank, tag="after hang")[0][0] == "after hang"
 
 
+@pytest.mark.needs_ranks(2)
 def test_dead_rank_is_detected(pool):
     pool.run(describe_rank, tag="warm")
     with pytest.raises(ScenarioFailed) as info:
@@ -153,12 +159,12 @@ def test_close_leaves_no_process(pool):
     assert all(_gone(pid) for pid in pids)
 
 
-def test_ranks_exit_when_the_parent_is_killed(tmp_path):
+def test_ranks_exit_when_the_parent_is_killed(tmp_path, rank_pools):
     # A parent that starts a pool and is then SIGKILLed (no cleanup code runs): its ranks must not survive it.
     script = textwrap.dedent(f"""
         import os, signal, sys
         from tests.harness import RankPool
-        pool = RankPool(2, log_dir={str(tmp_path)!r})
+        pool = RankPool({rank_pools.default_world_size}, log_dir={str(tmp_path)!r})
         pool.start()
         print(" ".join(map(str, pool.pids + [pool.zygote_pid or pool.pids[0]])), flush=True)
         sys.stdin.read(1)
@@ -168,7 +174,7 @@ def test_ranks_exit_when_the_parent_is_killed(tmp_path):
                             stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]  # the ranks and the zygote
-        assert len(pids) == 3 and not any(_gone(pid) for pid in pids)
+        assert len(pids) == rank_pools.default_world_size + 1 and not any(_gone(pid) for pid in pids)
         proc.stdin.write("x")
         proc.stdin.flush()
         assert proc.wait(timeout=30) == -signal.SIGKILL

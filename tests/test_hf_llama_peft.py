@@ -1,4 +1,4 @@
-"""Hugging Face's client path: tiny Llama + PEFT LoRA + gradient_checkpointing_enable(), on 2 ranks.
+"""Hugging Face's client path: tiny Llama + PEFT LoRA + gradient_checkpointing_enable(), on the session's ranks.
 
 These run in rank processes of their own: transformers and PEFT are heavy to import and change
 global state (F.linear under zero.Init, logging), which the small scenarios should not share.

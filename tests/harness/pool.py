@@ -18,6 +18,8 @@ import weakref
 from pathlib import Path
 from typing import Any, List, Optional
 
+from tests.harness import world
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 LOG_TAIL_LINES = 60
@@ -33,6 +35,15 @@ def default_device():
     if device not in ("cpu", "cuda"):
         raise ValueError(f"ZERO3_TEST_DEVICE must be 'cpu' or 'cuda', not {device!r}")
     return device
+
+
+def harness_tmpdir(prefix):
+    """A new directory for logs: under $ZERO3_HARNESS_TMPDIR when set (the test sessions point it into pytest's
+    own temporary directory, which pytest prunes after a few sessions), else in the system's temp dir."""
+    root = os.environ.get("ZERO3_HARNESS_TMPDIR") or None
+    if root:
+        os.makedirs(root, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
 def default_extensions_dir():
@@ -193,7 +204,7 @@ class _Zygote:
     """A process that imports DeepSpeed once and forks rank processes on request (see worker._zygote)."""
 
     def __init__(self, env, start_timeout):
-        self.log_dir = Path(tempfile.mkdtemp(prefix="zero3-zygote-"))
+        self.log_dir = harness_tmpdir("zero3-zygote-")
         self.log_path = self.log_dir / "zygote.log"
         parent_conn, child_conn = multiprocessing.Pipe()
         cfg = dict(fd=child_conn.fileno(), parent=os.getpid(), zygote=True)
@@ -340,7 +351,7 @@ class RankPool:
         self._zygote = None
         self.name = name
         self._own_log_dir = log_dir is None and not os.environ.get("ZERO3_TEST_LOG_DIR")
-        self.log_dir = Path(log_dir or os.environ.get("ZERO3_TEST_LOG_DIR") or tempfile.mkdtemp(prefix="zero3-ranks-"))
+        self.log_dir = Path(log_dir or os.environ.get("ZERO3_TEST_LOG_DIR") or harness_tmpdir("zero3-ranks-"))
         self._keep_logs = False
         self._ranks: List[_Rank] = []
         self.generation = 0
@@ -615,6 +626,7 @@ class RankPool:
         result = RunOutcome(target, self.world_size, self.device, self.backend, timeout, grace, elapsed,
                             [outcomes[r.rank] for r in ranks])
         self.stats["runs"] += 1
+        world.note_run(self.world_size)
         if any(o.status in ("error", "died", "hung") for o in result.ranks):
             # After a failure the ranks may disagree about which collectives ran: never reuse them.
             self._keep_logs = True

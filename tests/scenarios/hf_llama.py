@@ -99,6 +99,11 @@ def trainer_lora(*, steps=3):
     runs its steps, and ZeRO-3 is quiescent afterwards. v0.19.2: CheckpointError."""
     import tempfile
 
+    with tempfile.TemporaryDirectory(prefix="zero3-trainer-", ignore_cleanup_errors=True) as output_dir:
+        return _train_with_trainer(output_dir, steps)
+
+
+def _train_with_trainer(output_dir, steps):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
@@ -106,7 +111,6 @@ def trainer_lora(*, steps=3):
     ds_config["train_micro_batch_size_per_gpu"] = "auto"
     ds_config["gradient_accumulation_steps"] = "auto"
     ds_config["optimizer"]["params"]["lr"] = "auto"
-    output_dir = tempfile.mkdtemp(prefix="zero3-trainer-")
     # constructing the arguments registers the ZeRO-3 config with transformers, which then builds
     # the model under deepspeed.zero.Init: keep them alive until training is over
     args = TrainingArguments(output_dir=output_dir,

@@ -3,7 +3,9 @@
 For a test method of a class with ``is_dist_test``, the normal call is replaced: for each world size, a pool
 of rank processes (tests.harness.RankPool, configured from the class's attributes) runs
 ``<module>:<Class>.<method>`` with the method's fixture and parameter values; a failure on any rank fails the
-test with that rank's traceback, and a pytest.skip on any rank skips it.
+test with that rank's traceback, and a pytest.skip on any rank skips it. A world size larger than the host can
+run (more ranks than visible GPUs on CUDA, or than ZERO3_WORLD_SIZE says) is skipped with the reason, as
+upstream's harness skips when "not enough GPUs are available".
 """
 
 import inspect
@@ -13,15 +15,33 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import RankPool
-from tests.harness.pool import close_zygotes
+from tests.harness import RankPool, world
+from tests.harness.pool import close_zygotes, default_device
+from tests.harness.report import WorldSizeReport
 
 # Pools kept for the classes that set reuse_dist_env, keyed by (class, world size).
 _reused = {}
 
 
+_choice = None
+_report = None
+
+
+def _world_choice():
+    global _choice
+    if _choice is None:
+        try:
+            _choice = world.session_choice(default_device())
+        except world.WorldSizeError as e:
+            raise pytest.UsageError(str(e)) from None
+    return _choice
+
+
 def pytest_configure(config):
+    global _report
     config.addinivalue_line("markers", "world_size(n): run this DistributedTest method on n ranks")
+    _report = WorldSizeReport(_world_choice)
+    config.pluginmanager.register(_report, "zero3-world-size-report")
 
 
 @pytest.fixture(scope="class")
@@ -79,6 +99,9 @@ def _run_distributed(item):
     kwargs = _method_kwargs(item)
     target = f"{item.module.__name__}:{cls.__qualname__}.{item.function.__name__}"
     for world_size in _world_sizes(item, kwargs):
+        shortfall = _world_choice().shortfall(world_size)
+        if shortfall:
+            _report.skip(item, f"not enough ranks for world_size={world_size}: {shortfall}")
         pool = _pool(cls, world_size)
         try:
             # The ranks import the test module by the name pytest gave it, from the same sys.path.
