@@ -13,6 +13,9 @@ import pytest
 from tests.harness import RankPool
 from tests.harness.pool import close_zygotes, default_device
 
+# Per-base expectations (ZERO3_VERSION, the v0198 marker): tests/bases.py
+pytest_plugins = ("tests.bases", )
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("zero3", "ZeRO-3 distributed scenarios")
