@@ -38,7 +38,8 @@ NOT_APPLICABLE = "not applicable"
 # Numbers are the patches of patches/v0.19.8/series: 1 fast sharding keeps the data of params it
 # does not release, 2 a recompute's frozen params belong to the module recomputed, 3 no pre-backward
 # gather for a module whose output is a leaf, 4 the available-param count subtracts only what it
-# counted, 5 stale FWD_MODULE_STACK entries dropped at the root forward. The patches are independent; ZERO3_SERIES_PREFIX=n still means "the first n".
+# counted, 5 stale FWD_MODULE_STACK entries dropped at the root forward. The patches are
+# independent (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the first n".
 V0198 = {
     "test_frozen_norm": 0,
     "test_frozen_norm_relu_tail": 0,
