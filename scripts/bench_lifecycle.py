@@ -9,11 +9,12 @@ file. `--report` turns the JSON files into the Markdown table and PNG plot the R
         --md docs/_generated/bench.md --png docs/_generated/bench.png
 
 Variants: series (patched tree, non-reentrant checkpointing on every decoder layer), reentrant
-(use_reentrant=True: the downstream workaround), no-ckpt (no checkpointing: the reference), and
+(use_reentrant=True: the downstream workaround), no-ckpt (no checkpointing: the reference),
 nonreentrant (non-reentrant on whatever tree PYTHONPATH names; on pristine v0.19.2 it crashes,
-which is reported as such), and followup (non-reentrant on a release with its follow-up series, e.g.
-v0.19.8 + patches/v0.19.8/, compared with nonreentrant on that pristine release). The model is a random-init Llama (nothing downloaded) with PEFT LoRA
-on q/k/v/o, bf16, built under deepspeed.zero.Init as Hugging Face does under ZeRO-3.
+which is reported as such), and followup (non-reentrant on a release with its follow-up series,
+e.g. v0.19.8 + patches/v0.19.8/, compared with nonreentrant on that pristine release). The model
+is a random-init Llama (nothing downloaded) with PEFT LoRA on q/k/v/o, bf16, built under
+deepspeed.zero.Init as Hugging Face does under ZeRO-3.
 """
 
 import argparse
@@ -401,10 +402,11 @@ def followup_targets(summaries):
     lines = []
     reference = summaries.get("no-ckpt")
     if reference:
-        ratio = followup["gather"]["frozen"] / reference["gather"]["frozen"]
+        frozen, floor = followup["gather"]["frozen"], reference["gather"]["frozen"]
+        ratio = frozen / floor
         lines.append(f"- Follow-up: frozen all-gather volume per step ≤ {FOLLOWUP_VOLUME_TOLERANCE}× the run without "
-                     f"checkpointing: {verdict(ratio <= FOLLOWUP_VOLUME_TOLERANCE)} ({followup['gather']['frozen']:.3f} "
-                     f"vs {reference['gather']['frozen']:.3f} GiB, {ratio:.3f}×).")
+                     f"checkpointing: {verdict(ratio <= FOLLOWUP_VOLUME_TOLERANCE)} ({frozen:.3f} vs {floor:.3f} GiB, "
+                     f"{ratio:.3f}×).")
     upstream = summaries.get("upstream")
     if upstream:
         lines.append(f"- Follow-up vs its pristine release: frozen all-gather {followup['gather']['frozen']:.3f} vs "
