@@ -9,10 +9,12 @@ file. `--report` turns the JSON files into the Markdown table and PNG plot the R
         --md docs/_generated/bench.md --png docs/_generated/bench.png
 
 Variants: series (patched tree, non-reentrant checkpointing on every decoder layer), reentrant
-(use_reentrant=True: the downstream workaround), no-ckpt (no checkpointing: the reference), and
+(use_reentrant=True: the downstream workaround), no-ckpt (no checkpointing: the reference),
 nonreentrant (non-reentrant on whatever tree PYTHONPATH names; on pristine v0.19.2 it crashes,
-which is reported as such). The model is a random-init Llama (nothing downloaded) with PEFT LoRA
-on q/k/v/o, bf16, built under deepspeed.zero.Init as Hugging Face does under ZeRO-3.
+which is reported as such), and followup (non-reentrant on a release with its follow-up series,
+e.g. v0.19.8 + patches/v0.19.8/, compared with nonreentrant on that pristine release). The model
+is a random-init Llama (nothing downloaded) with PEFT LoRA on q/k/v/o, bf16, built under
+deepspeed.zero.Init as Hugging Face does under ZeRO-3.
 """
 
 import argparse
@@ -26,7 +28,15 @@ import time
 # the all-gather counter is shared with the test scenarios
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-VARIANTS = {"series": "nonreentrant", "nonreentrant": "nonreentrant", "reentrant": "reentrant", "no-ckpt": "none"}
+VARIANTS = {
+    "series": "nonreentrant",
+    "nonreentrant": "nonreentrant",
+    "followup": "nonreentrant",
+    "reentrant": "reentrant",
+    "no-ckpt": "none",
+}
+# the follow-up's all-gather target: frozen volume within 2% of the run without checkpointing
+FOLLOWUP_VOLUME_TOLERANCE = 1.02
 
 
 def build_model(args, ds_config):
@@ -377,6 +387,33 @@ def targets(summaries):
         lines.append(f"- Median step time ≤ the reentrant workaround's: {verdict(met)} "
                      f"({series['median']:.3f} vs {reentrant['median']:.3f} s, "
                      f"ratio {series['median'] / reentrant['median']:.2f}).")
+    return lines + followup_targets(summaries)
+
+
+def followup_targets(summaries):
+    """The follow-up series' targets against the pristine release it applies to (issue 14)."""
+    followup = summaries.get("followup")
+    if followup is None:
+        return []
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+
+    lines = []
+    reference = summaries.get("no-ckpt")
+    if reference:
+        frozen, floor = followup["gather"]["frozen"], reference["gather"]["frozen"]
+        ratio = frozen / floor
+        lines.append(f"- Follow-up: frozen all-gather volume per step ≤ {FOLLOWUP_VOLUME_TOLERANCE}× the run without "
+                     f"checkpointing: {verdict(ratio <= FOLLOWUP_VOLUME_TOLERANCE)} ({frozen:.3f} vs {floor:.3f} GiB, "
+                     f"{ratio:.3f}×).")
+    upstream = summaries.get("upstream")
+    if upstream:
+        lines.append(f"- Follow-up vs its pristine release: frozen all-gather {followup['gather']['frozen']:.3f} vs "
+                     f"{upstream['gather']['frozen']:.3f} GiB; peak {followup['peak_gib']:.2f} vs "
+                     f"{upstream['peak_gib']:.2f} GiB (≤: {verdict(followup['peak_gib'] <= upstream['peak_gib'])}); "
+                     f"median step {followup['median']:.3f} vs {upstream['median']:.3f} s "
+                     f"(ratio {followup['median'] / upstream['median']:.2f}).")
     return lines
 
 
@@ -401,7 +438,10 @@ def report(paths, md_path, png_path):
             continue
         summaries["upstream" if variant == "nonreentrant" else variant] = s
         version = s["first"]["deepspeed"].strip()
-        s["label"] = f"{variant} (DeepSpeed {version})" if variant == "nonreentrant" else variant
+        s["label"] = {
+            "nonreentrant": f"{variant} (DeepSpeed {version})",
+            "followup": f"{variant} (DeepSpeed {version} + follow-up)"
+        }.get(variant, variant)
         medians = ", ".join(f"{m:.3f}" for m in s["run_medians"])
         lines.append(f"| {variant} | {tree} | {s['runs']} | {s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}] | "
                      f"{medians} | {s['peak_gib']:.2f} | {s['backward_peak_gib']:.2f} | "

@@ -19,6 +19,9 @@ from tests.harness.report import WorldSizeReport
 _CHOICE = pytest.StashKey()
 _REPORT = pytest.StashKey()
 
+# Per-base expectations (ZERO3_VERSION, the v0198 marker): tests/bases.py
+pytest_plugins = ("tests.bases", )
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("zero3", "ZeRO-3 distributed scenarios")

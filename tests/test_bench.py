@@ -36,6 +36,19 @@ def test_bench_smoke_on_cpu(tmp_path):
     table = md.read_text()
     assert "| series |" in table and "failed" not in table
 
+    # the report of a follow-up run (issue 14): the same measurement filed under the variants that
+    # run next to each other, so that the follow-up's rows and targets are produced
+    paths = [str(out)]
+    for variant in ("no-ckpt", "nonreentrant", "followup"):
+        path = tmp_path / f"{variant}.json"
+        path.write_text(json.dumps(dict(result, variant=variant, tree=f"build/{variant}")))
+        paths.append(str(path))
+    subprocess.run([sys.executable, str(BENCH), "--report", *paths, "--md", str(md)], check=True, timeout=120)
+    table = md.read_text()
+    assert "| followup |" in table and "| nonreentrant |" in table
+    assert "Follow-up: frozen all-gather volume per step ≤ 1.02× the run without checkpointing: **met**" in table
+    assert "Follow-up vs its pristine release:" in table
+
 
 def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     pytest.importorskip("peft")
