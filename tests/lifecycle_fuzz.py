@@ -50,15 +50,22 @@ CKPT = st.sampled_from(["none", "module", "function", "function-relu", "reentran
 AUX = st.sampled_from(["none", "positional", "keyword"])
 
 
+# Cases for which invariant I10 promises the frozen all-gather volume of the run without
+# checkpointing (tests/scenarios/fuzz_lifecycle.py:volume_promised): every module's output requires
+# grad (no no_grad region, no leaf output, an input that requires grad), non-reentrant
+# checkpointing only, reuse distance 0; and prefetching off.
+VOLUME_CKPT = st.sampled_from(["module", "function", "function-relu", "none"])
+
+
 @st.composite
-def child_ops(draw, n_children):
-    ckpt = draw(CKPT)
+def child_ops(draw, n_children, volume=False):
+    ckpt = draw(VOLUME_CKPT if volume else CKPT)
     # torch's reentrant checkpoint takes no keyword arguments: such a call is not a valid model
     how = draw(st.sampled_from(["none", "positional"]) if ckpt == "reentrant" else AUX)
     return ["child", draw(st.integers(0, n_children - 1)), ckpt, draw(st.integers(1, 3)), how]
 
 
-def ops(n_children):
+def ops(n_children, volume=False):
     choices = [
         st.just(["linear"]),
         st.just(["scale"]),
@@ -68,36 +75,44 @@ def ops(n_children):
     if n_children:
         # listed first: shrinking moves towards earlier alternatives, and a child call is what most
         # findings need (listed twice: drawn twice as often as a no_grad region)
-        calls = child_ops(n_children)
-        choices = [calls, calls, st.builds(lambda i: ["nograd", i], st.integers(0, n_children - 1))] + choices
+        calls = child_ops(n_children, volume)
+        no_grad = st.builds(lambda i: ["nograd", i], st.integers(0, n_children - 1))
+        choices = [calls, calls] + ([] if volume else [no_grad]) + choices
     return st.one_of(*choices)
 
 
 @st.composite
-def nodes(draw, depth=1):
-    n_children = draw(st.integers(0, 2)) if depth < MAX_DEPTH else 0
-    children = [draw(nodes(depth + 1)) for _ in range(n_children)]
+def nodes(draw, depth=1, volume=False):
+    # the root of a volume case has a child, which it calls under checkpointing first (below)
+    n_children = draw(st.integers(1 if volume and depth == 1 else 0, 2)) if depth < MAX_DEPTH else 0
+    children = [draw(nodes(depth + 1, volume)) for _ in range(n_children)]
+    outputs = ["tensor", "tuple", "dict", "param", "tensor"] + ([] if volume else ["leaf"])
+    node_ops = draw(st.lists(ops(n_children, volume), min_size=1, max_size=4))
+    if volume and depth == 1:
+        node_ops.insert(0, ["child", 0, draw(VOLUME_CKPT.filter(lambda c: c != "none")), 1, "none"])
     return {
         "params": {
             "w": draw(PARAM),
             "s": draw(PARAM)
         },
         "children": children,
-        "ops": draw(st.lists(ops(n_children), min_size=1, max_size=4)),
+        "ops": node_ops,
         # weighted: a leaf output or a z3 leaf anywhere changes the whole case, and I10 is only
         # promised without leaf outputs
-        "output": draw(st.sampled_from(["tensor", "tuple", "dict", "param", "tensor", "leaf"])),
-        "z3_leaf": draw(st.sampled_from([False, False, False, True])),
+        "output": draw(st.sampled_from(outputs)),
+        # z3 leaf modules have findings of their own (tests/test_lifecycle_fuzz.py), none about I10
+        "z3_leaf": False if volume else draw(st.sampled_from([False, False, False, True])),
     }
 
 
 @st.composite
-def cases(draw):
+def cases(draw, volume=False):
+    """A case; ``volume=True`` draws only cases for which I10 promises the volume (see VOLUME_CKPT)."""
     return {
         "dim": DIM,
-        "model": draw(nodes()),
+        "model": draw(nodes(volume=volume)),
         "inputs": {
-            "x_grad": draw(st.sampled_from([True, True, False])),
+            "x_grad": True if volume else draw(st.sampled_from([True, True, False])),
             "aux": draw(AUX),
             "aux_grad": draw(st.booleans())
         },
@@ -105,8 +120,10 @@ def cases(draw):
         "early_stop": draw(st.booleans()),
         "zero": {
             "gas": draw(st.integers(1, 3)),
-            "prefetch": draw(st.sampled_from(["0", "default"])),
-            "reuse": draw(st.sampled_from(["0", "default"])),
+            # prefetching changes the volume (a finding, tests/test_lifecycle_fuzz.py): a volume case
+            # takes the setting the RFC's own volume test uses
+            "prefetch": "0" if volume else draw(st.sampled_from(["0", "default"])),
+            "reuse": "0" if volume else draw(st.sampled_from(["0", "default"])),
             "persistence": draw(st.sampled_from(["0", "vectors", "default"])),
         },
         "steps": 2,
@@ -147,6 +164,7 @@ class Stats:
         self.cases = 0
         self.rejected = 0
         self.skipped = collections.Counter()  # known finding -> cases not run
+        self.error_types = collections.Counter()  # exception type of the "error" failures
         self.volume_checked = 0
         self.failures = collections.Counter()
         self.examples = {}  # tag -> (summary, case) of the first failure with that tag
@@ -162,6 +180,8 @@ class Stats:
             lines.append("no invariant broke")
         for tag, count in sorted(self.failures.items()):
             lines.append(f"  {tag} ({TAG_NAMES.get(tag, '')}): {count} failing case(s); first: {self.examples[tag][0]}")
+        if self.error_types:
+            lines.append("  errors by type: " + ", ".join(f"{t} x{n}" for t, n in sorted(self.error_types.items())))
         return "\n".join(lines)
 
 
@@ -219,20 +239,22 @@ def run_case(pool, case, stats=None, skip=None):
         if stats is not None:
             stats.failures[tag] += 1
             stats.examples.setdefault(tag, (summary, case))
+            if tag == "error":
+                stats.error_types[summary.split()[1]] += 1
             if stats.verbose:
                 print(f"case {stats.cases}: [{tag}] {summary}\n  {case}", flush=True)
         note("paste-ready regression test:\n" + paste_ready(case, tag, summary))
         raise_violation(tag, summary, report)
 
 
-def search(pool, *, max_examples, seed=None, database=None, reuse=True, keep_going=False, stats=None,
-           deadline=None, skip=None):
+def search(pool, *, max_examples, seed=None, database=None, reuse=True, keep_going=False, stats=None, skip=None,
+           volume=False):
     """Runs one hypothesis search of ``max_examples`` cases; returns the Stats. Without a seed
     and a database it is derandomized (a fixed seed). With ``keep_going``, failing cases are
     recorded and the search goes on, unshrunk; otherwise the first failure is shrunk and raised
     (hypothesis prints the shrunk case and the paste-ready test). ``reuse=False`` does not replay
     the database's failures (it still saves new ones). ``skip(case)`` names the known finding a
-    case would only find again, or returns None."""
+    case would only find again, or returns None. ``volume`` draws only cases that check I10."""
     stats = stats or Stats()
     phases = [Phase.explicit, Phase.generate, Phase.target]
     if reuse:
@@ -247,10 +269,8 @@ def search(pool, *, max_examples, seed=None, database=None, reuse=True, keep_goi
               phases=phases,
               print_blob=False,
               suppress_health_check=list(HealthCheck))
-    @given(case=cases())
+    @given(case=cases(volume))
     def property_holds(case):
-        if deadline is not None and time.monotonic() > deadline:
-            reject()  # out of time: the rest of the search draws cases but runs none
         try:
             run_case(pool, case, stats, skip)
         except AssertionError:
@@ -274,8 +294,9 @@ def _tags(error):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tests.lifecycle_fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("ZERO3_FUZZ_SECONDS") or 1800),
-                        help="how long to search (default: $ZERO3_FUZZ_SECONDS, else 1800)")
-    parser.add_argument("--chunk", type=int, default=25, help="cases per hypothesis run, each with a new seed")
+                        help="start no new run after this many seconds; the run in progress finishes, its shrinking "
+                        "included (default: $ZERO3_FUZZ_SECONDS, else 1800)")
+    parser.add_argument("--chunk", type=int, default=20, help="cases per hypothesis run, each with a new seed")
     parser.add_argument("--seed", type=int, default=None, help="seeds the seeds of the runs (default: random)")
     parser.add_argument("--database", default=".hypothesis/zero3-lifecycle",
                         help="hypothesis example database directory, '' for none (default: %(default)s)")
@@ -309,9 +330,9 @@ def main(argv=None):
             try:
                 # only the first run replays the database's failures; later ones look for new ones
                 search(pool, max_examples=args.chunk, seed=seed, database=database, reuse=run == 0,
-                       keep_going=args.keep_going, stats=stats, deadline=deadline, skip=skip)
+                       keep_going=args.keep_going, stats=stats, skip=skip)
             except hypothesis.errors.Unsatisfiable:
-                pass  # the deadline passed before this run ran a case
+                pass  # every case drawn was invalid or skipped
             except (AssertionError, BaseExceptionGroup) as error:
                 tags = _tags(error)
                 findings.update(tags)
@@ -322,6 +343,9 @@ def main(argv=None):
     print(stats.summary())
     if findings:
         print("shrunk findings by invariant: " + ", ".join(f"{tag} x{n}" for tag, n in sorted(findings.items())))
+    for tag, (summary, case) in sorted(stats.examples.items()):
+        literal = pprint.pformat(case, width=100, sort_dicts=False)
+        print(f"\nfirst case that broke {tag} (unshrunk): {summary}\n{literal}")
     return 1 if stats.failures else 0
 
 

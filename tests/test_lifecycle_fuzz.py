@@ -14,8 +14,12 @@ import pytest
 from tests import lifecycle_fuzz
 from tests.test_frozen_ckpt import SERIES_LENGTH, applied_patches
 
-# Cases of the bounded run. Measured on 2 cores (see the commit): about 3 s per case.
+# Cases of the bounded run (1 to 3 s each on 2 cores). On a tree without the series twice as many:
+# the first 40 find the leaks (I1, I7) but none of the crashes, which need a frozen parameter that a
+# recompute partitions (measured: 80 cases find 8 errors, 17 I1, 41 I7 on pristine v0.19.2).
 BOUNDED_EXAMPLES = int(os.environ.get("ZERO3_FUZZ_EXAMPLES") or 40)
+PRISTINE_EXAMPLES = 2 * BOUNDED_EXAMPLES
+VOLUME_EXAMPLES = 15  # each trains twice, with and without checkpointing
 
 
 @pytest.fixture(scope="module")
@@ -59,27 +63,45 @@ def _unused_trainable(node):
 
 
 def known_finding(case):
-    """The open finding of the v0.19.2 series that ``case`` would find again, or None: the bounded
-    run does not run those cases, so that it fails only on new findings. Each has its shrunk case
-    as an xfail(strict=True) test below. The predicates over-approximate (they skip some cases that
-    would pass), never the reverse."""
+    """The open finding of the v0.19.2 series that ``case`` may find again, or None: the bounded
+    run does not run those cases, so that it fails on new findings only. Each finding has its
+    shrunk case as a test below. The predicates are deliberately broad (they skip cases that
+    might pass) and describe the shape of each finding's family, not just its shrunk case."""
     nodes = list(_nodes(case))
-    if any(node["z3_leaf"] and node["output"] == "dict" for node in nodes):
-        return "z3-leaf-dict-output"
-    if any(node["z3_leaf"] for node in nodes) and (case["forwards"] > 1 or any(
-            op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"])):
-        return "z3-leaf-run-twice"
+    if any(node["z3_leaf"] for node in nodes):
+        # several findings (a no-grad input, a dict output, run twice, a vector read by another
+        # module): the bounded run leaves z3 leaf modules to their tests below
+        return "z3-leaf"
     modes = {op[2] for node in nodes for op in node["ops"] if op[0] == "child" and node["children"]}
-    recompute_runs_post_forward = "function-relu" in modes or (not case["early_stop"] and modes & {"module", "function"})
+    if "reentrant" in modes:
+        if any(node["output"] == "dict" for node in nodes):
+            return "input-cut-by-reentrant-dict-output"
+        calls = [op[1] % len(node["children"]) for node in nodes for op in node["ops"]
+                 if op[0] in ("child", "nograd") and node["children"]]
+        if case["forwards"] > 1 or len(calls) != len(set(calls)) or any(
+                op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"]):
+            return "reentrant-module-run-twice"
+    # without early stop, or past the module (function-relu), the recompute runs its post-forward
+    recompute_runs_post_forward = "function-relu" in modes or (not case["early_stop"]
+                                                               and modes & {"module", "function"})
     if recompute_runs_post_forward and any(node["params"]["w"] == "trainable" for node in nodes):
         return "trainable-weight-released-in-recompute"
+    if any(op[0] == "nograd" for node in nodes for op in node["ops"]) and any(
+            node["output"] == "param" and node["params"]["s"] == "trainable" for node in nodes):
+        return "trainable-param-output-under-no-grad"
     if any(node["output"] == "leaf" for node in nodes):
         return "input-cut-by-detach"
-    if _may_feed_no_grad_input(case):
-        if any(node["z3_leaf"] for node in nodes):
-            return "z3-leaf-no-grad-input"
-        if any(_unused_trainable(node) for node in nodes):
-            return "unused-trainable-no-grad-input"
+    if case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"] and modes:
+        # I10 is checked: it fails with prefetching, and where a module runs twice
+        if case["zero"]["prefetch"] == "default":
+            return "volume-with-prefetching"
+        calls = [op[1] % len(node["children"]) for node in nodes for op in node["ops"]
+                 if op[0] in ("child", "nograd") and node["children"]]
+        if case["forwards"] > 1 or len(calls) != len(set(calls)) or any(
+                op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"]):
+            return "volume-module-run-twice"
+    if _may_feed_no_grad_input(case) and any(_unused_trainable(node) for node in nodes):
+        return "unused-trainable-no-grad-input"
     return None
 
 
@@ -98,7 +120,7 @@ def test_drawn_models_keep_the_lifecycle_invariants(fuzz_pool, capsys):
             with capsys.disabled():
                 print(f"\nlifecycle fuzz (bounded): {stats.summary()}")
         return
-    stats = lifecycle_fuzz.search(fuzz_pool, max_examples=BOUNDED_EXAMPLES, keep_going=True)
+    stats = lifecycle_fuzz.search(fuzz_pool, max_examples=PRISTINE_EXAMPLES, keep_going=True)
     with capsys.disabled():
         print(f"\nlifecycle fuzz (bounded, {applied_patches()} of {SERIES_LENGTH} patches): {stats.summary()}")
     missing = {"error", "I1"} - set(stats.failures)
@@ -106,9 +128,36 @@ def test_drawn_models_keep_the_lifecycle_invariants(fuzz_pool, capsys):
                          f"the crash (error) and the leaks (I1) exist: {stats.summary()}")
 
 
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I10")
+def test_drawn_models_keep_the_frozen_gather_volume(fuzz_pool, request, capsys):
+    """Cases drawn so that I10 applies to every one (lifecycle_fuzz.VOLUME_CKPT): with non-reentrant
+    checkpointing, the frozen all-gather volume per step equals that of the same case without
+    checkpointing (and every other invariant holds). Known findings are not run. v0.19.2 fails."""
+    if applied_patches() < 1:
+        stats = lifecycle_fuzz.search(fuzz_pool, max_examples=VOLUME_EXAMPLES, volume=True, keep_going=True)
+        assert stats.failures, f"the volume cases found nothing on a tree without the series: {stats.summary()}"
+        return
+    stats = lifecycle_fuzz.Stats()
+    try:
+        lifecycle_fuzz.search(fuzz_pool, max_examples=VOLUME_EXAMPLES, skip=known_finding, stats=stats, volume=True)
+    finally:
+        with capsys.disabled():
+            print(f"\nlifecycle fuzz (bounded, I10): {stats.summary()}")
+    assert stats.volume_checked, "no case checked the volume"
+
+
 # ----- findings of the fuzzer on the v0.19.2 series, shrunk by hypothesis ---------------------------
-# Each fails on pristine v0.19.2 as well (the series does not fix it). Strict: once fixed, the xfail
-# turns into a failure, and the case becomes a needs_patch(k) regression test.
+# Strict: once fixed, the xfail turns into a failure, and the case becomes a needs_patch(k) regression
+# test. They are findings on the whole series: a tree with fewer patches skips them (all but the
+# trigger one fail on pristine v0.19.2 too, some with another invariant first).
+
+
+def finding(tag, reason):
+    if applied_patches() < SERIES_LENGTH:
+        return pytest.mark.skip(reason=f"a finding on the whole series, not on a prefix: {reason}")
+    return pytest.mark.xfail(strict=True, raises=violation(tag), reason=reason)
+
 
 _CASE = {
     "dim": 4,
@@ -120,18 +169,18 @@ _CASE = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=violation("error"),
-                   reason="z3 leaf module fed an input that needs no grad: its weight is partitioned when its "
-                   "backward runs (RuntimeError: size of tensor a (0) must match b (4)); v0.19.2 too")
+@finding("error",
+         "z3 leaf module fed an input that needs no grad: its weight is partitioned when its "
+         "backward runs (RuntimeError: size of tensor a (0) must match b (4)); v0.19.2 too")
 def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"}, "children": [],
                                 "ops": [["linear"]], "output": "tensor", "z3_leaf": True}))
 
 
-@pytest.mark.xfail(strict=True, raises=violation("grad"),
-                   reason="z3 leaf module returning a dict: wrong gradient for its weight, silently, whether or "
-                   "not its input requires grad; v0.19.2 too")
+@finding("grad",
+         "z3 leaf module returning a dict: wrong gradient for its weight, silently, whether or "
+         "not its input requires grad; v0.19.2 too")
 def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
@@ -139,10 +188,10 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
                          "output": "dict", "z3_leaf": True}))
 
 
-@pytest.mark.xfail(strict=True, raises=violation("I1"),
-                   reason="module fed an input that needs no grad, whose own trainable parameters its forward "
-                   "does not use: 0003's post-backward trigger waits for their AccumulateGrad, which never runs; "
-                   "its parameters stay gathered and the trigger armed after backward (v0.19.2: same leak)")
+@finding("I1",
+         "module fed an input that needs no grad, whose own trainable parameters its forward "
+         "does not use: 0003's post-backward trigger waits for their AccumulateGrad, which never runs; "
+         "its parameters stay gathered and the trigger armed after backward (v0.19.2: same leak)")
 def test_fuzz_unused_trainable_params_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"},
@@ -151,10 +200,10 @@ def test_fuzz_unused_trainable_params_with_no_grad_input(fuzz_pool):
                                 "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
 
 
-@pytest.mark.xfail(strict=True, raises=violation("error"),
-                   reason="z3 leaf module run twice before one backward (two forwards, one loss): the weight's "
-                   "gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
-                   "len(set(ds_id)) == len(params)); v0.19.2 too")
+@finding("error",
+         "z3 leaf module run twice before one backward (two forwards, one loss): the weight's "
+         "gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
+         "len(set(ds_id)) == len(params)); v0.19.2 too")
 def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, forwards=2, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
@@ -162,11 +211,11 @@ def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
                          "output": "tensor", "z3_leaf": True}))
 
 
-@pytest.mark.xfail(strict=True, raises=violation("I1"),
-                   reason="module whose input requires grad but whose output does not depend on it (a child "
-                   "computes from the detached input; its output is made to require grad by a hook): the "
-                   "post-backward armed through the input never runs, so the module's trainable 'head' stays "
-                   "gathered after backward (v0.19.2: same leak)")
+@finding("I1",
+         "module whose input requires grad but whose output does not depend on it (a child "
+         "computes from the detached input; its output is made to require grad by a hook): the "
+         "post-backward armed through the input never runs, so the module's trainable 'head' stays "
+         "gathered after backward (v0.19.2: same leak)")
 def test_fuzz_input_cut_by_detach(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
@@ -177,11 +226,11 @@ def test_fuzz_input_cut_by_detach(fuzz_pool):
                          "z3_leaf": False}))
 
 
-@pytest.mark.xfail(strict=True, raises=violation("error"),
-                   reason="fully trainable: with set_checkpoint_early_stop(False) the recompute of a module-level "
-                   "non-reentrant checkpoint runs the module's post-forward, which partitions the trainable weight "
-                   "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0001 keeps only frozen "
-                   "parameters; v0.19.2 too")
+@finding("error",
+         "fully trainable: with set_checkpoint_early_stop(False) the recompute of a module-level "
+         "non-reentrant checkpoint runs the module's post-forward, which partitions the trainable weight "
+         "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0001 keeps only frozen "
+         "parameters; v0.19.2 too")
 def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_pool):
     run_case(fuzz_pool,
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
@@ -189,3 +238,90 @@ def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_poo
                          "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
                                        "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
                          "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I1", "series only: a module run under torch.no_grad (nested in another no_grad module) that returns its "
+         "own trainable parameter gets a post-backward trigger (0003: an output requires grad), whose "
+         "AccumulateGrad never runs: the trigger stays armed after backward until the next forward")
+def test_fuzz_trainable_param_output_under_no_grad(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "none", "s": "frozen"},
+                         "children": [{"params": {"w": "none", "s": "trainable"}, "children": [],
+                                       "ops": [["act", "tanh"]], "output": "tensor", "z3_leaf": False},
+                                      {"params": {"w": "none", "s": "none"},
+                                       "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                                     "ops": [["linear"], ["scale"]], "output": "param",
+                                                     "z3_leaf": False}],
+                                       "ops": [["nograd", 0]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["nograd", 1]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I1", "a child under reentrant checkpointing returns a dict: torch's CheckpointFunction passes it on without "
+         "autograd history, so the caller's output does not depend on its input; the post-backward armed through "
+         "that input never runs and the trainable 'head' stays gathered after backward (the family of "
+         "test_fuzz_input_cut_by_detach)")
+def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
+                         "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("error", "fully trainable: a module called twice whose forward checkpoints its child with use_reentrant=True: "
+         "ZeRO-3 puts the child's weight in the reduce bucket twice (AssertionError in "
+         "__reduce_and_partition_ipg_grads: len(set(ds_id)) == len(params))")
+def test_fuzz_reentrant_module_run_twice(fuzz_pool):
+    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+            "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
+                                       "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                                       "z3_leaf": False}, leaf],
+                         "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
+
+
+@finding("grad", "a module reads (as a registered external parameter) the trainable vector of a z3 leaf module that "
+         "does not run: wrong gradient for that vector, silently")
+def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "none"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["external", 0]], "output": "tensor", "z3_leaf": False},
+                                      {"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": True}],
+                         "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I10", "with prefetching on (DeepSpeed's default stage3_prefetch_bucket_size) and reuse distance 0, a module "
+         "called twice under module-level checkpointing: from step 1 on (the trace recorded), checkpointing "
+         "all-gathers 128 bytes of frozen parameters per step, the same case without checkpointing 192")
+def test_fuzz_volume_with_prefetching(fuzz_pool):
+    child = {"params": {"w": "frozen", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  zero={"gas": 1, "prefetch": "default", "reuse": "0", "persistence": "0"},
+                  model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
+                         "ops": [["child", 0, "module", 1, "none"], ["child", 0, "module", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I10", "prefetch 0, reuse distance 0, early stop off: a module called twice (module-level, then "
+         "function-level checkpointing): checkpointing all-gathers 256 bytes of frozen parameters in step 1, "
+         "the same case without checkpointing 384. Fewer, not more: I10's equality holds as 'at most' here, or "
+         "the RFC must exclude modules that run more than once")
+def test_fuzz_volume_module_run_twice(fuzz_pool):
+    child = {"params": {"w": "frozen", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
+                         "ops": [["child", 0, "module", 1, "none"], ["child", 0, "function", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
