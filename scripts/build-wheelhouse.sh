@@ -23,7 +23,7 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
     checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
   - with --bench-upstream VERSION (e.g. 0.19.8): that DeepSpeed sdist too, for the benchmark's
     upstream variant (unpack it and set ZERO3_BENCH_UPSTREAM_TREE; not checked against a pin)
-  - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
+  - with --test-deps: pytest, hypothesis, transformers, peft, accelerate and their requirements, minus
     torch (for hosts that lack them; peft and accelerate are fetched without their
     dependencies, which would otherwise drag in a CUDA torch of several GB)
   - with --qlora-trl: a self-contained set in DIR/qlora-trl/ for scripts/gpu-qlora-trl.sh (the
@@ -111,7 +111,7 @@ if ((TEST_DEPS)); then
     echo "== test requirements (without torch)"
     # transformers does not require torch; peft and accelerate do, so their own requirements
     # other than torch are listed here and they are fetched with --no-deps.
-    pip_dl "${target[@]}" pytest transformers pyyaml safetensors huggingface_hub
+    pip_dl "${target[@]}" pytest hypothesis transformers pyyaml safetensors huggingface_hub
     pip_dl "${target[@]}" --no-deps peft accelerate
 fi
 

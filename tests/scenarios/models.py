@@ -12,21 +12,23 @@ from torch.utils.checkpoint import checkpoint
 CHECKPOINTING = ("none", "module", "function", "function-relu", "reentrant")
 
 
-def run_checkpointed(block, checkpointing, *args):
+def run_checkpointed(block, checkpointing, *args, **kwargs):
+    """``block(*args, **kwargs)`` under ``checkpointing``; keyword arguments are torch's error
+    with "reentrant", which does not take them."""
     if checkpointing == "none":
-        return block(*args)
+        return block(*args, **kwargs)
     if checkpointing == "module":
-        return checkpoint(block, *args, use_reentrant=False)
+        return checkpoint(block, *args, use_reentrant=False, **kwargs)
     if checkpointing == "function":
         # the block's forward as a plain function: its own module hooks do not run, only those of
         # the modules it calls (what upstream 0.19.3 attributes to an outer module)
-        return checkpoint(block.forward, *args, use_reentrant=False)
+        return checkpoint(block.forward, *args, use_reentrant=False, **kwargs)
     if checkpointing == "function-relu":
         # the relu saves its output, so the recompute runs past the block: the block's post-forward
         # fires inside the recompute even when the block is a z3 leaf
-        return checkpoint(lambda *a: torch.relu(block(*a)), *args, use_reentrant=False)
+        return checkpoint(lambda *a, **k: torch.relu(block(*a, **k)), *args, use_reentrant=False, **kwargs)
     if checkpointing == "reentrant":
-        return checkpoint(block, *args, use_reentrant=True)
+        return checkpoint(block, *args, use_reentrant=True, **kwargs)
     raise ValueError(f"unknown checkpointing mode {checkpointing!r}; expected one of {CHECKPOINTING}")
 
 

@@ -1,0 +1,329 @@
+"""The lifecycle fuzzer's bounded run (tests/lifecycle_fuzz.py): a fixed seed and a fixed number of
+drawn models, each trained under ZeRO-3 on 2 ranks against a plain torch reference.
+
+On a tree that lacks part of the series (``tox -e pristine``: ZERO3_SERIES_PREFIX=0) the same cases
+must find the bugs the series fixes: the crash and the leaks. That is the proof that the search can
+find bugs at all. The expectation lives here, not in the fuzzer, which checks the invariants of
+whatever DeepSpeed is installed. Regression cases the fuzzer found go at the end.
+"""
+
+import os
+
+import pytest
+
+from tests import lifecycle_fuzz
+from tests.test_frozen_ckpt import SERIES_LENGTH, applied_patches
+
+# Cases of the bounded run (1 to 3 s each on 2 cores). On a tree without the series twice as many:
+# the first 40 find the leaks (I1, I7) but none of the crashes, which need a frozen parameter that a
+# recompute partitions (measured: 80 cases find 8 errors, 17 I1, 41 I7 on pristine v0.19.2).
+BOUNDED_EXAMPLES = int(os.environ.get("ZERO3_FUZZ_EXAMPLES") or 40)
+PRISTINE_EXAMPLES = 2 * BOUNDED_EXAMPLES
+VOLUME_EXAMPLES = 15  # each trains twice, with and without checkpointing
+
+
+@pytest.fixture(scope="module")
+def fuzz_pool(rank_pool):
+    # a pool of its own: a failing case kills its ranks, and the drawn models register z3 leaf
+    # flags and hooks on module instances only, but nothing else should share a failure's restart
+    from tests.harness import RankPool
+    pool = RankPool(rank_pool.world_size, name="fuzz")
+    yield pool
+    pool.close()
+
+
+def run_case(pool, case):
+    """Runs one case and raises the violation it finds (the form the fuzzer prints a failure in)."""
+    found, _ = lifecycle_fuzz.check(pool, case)
+    if found:
+        lifecycle_fuzz.raise_violation(*found)
+
+
+violation = lifecycle_fuzz.violation_class
+
+
+def _nodes(case):
+    stack = [case["model"]]
+    while stack:
+        node = stack.pop()
+        stack.extend(node["children"])
+        yield node
+
+
+def _may_feed_no_grad_input(case):
+    """Whether some module may get inputs of which none requires grad: the model input needs no
+    grad, or a leaf output (computed from a detached input) feeds a child."""
+    return not case["inputs"]["x_grad"] or any(node["output"] == "leaf" for node in _nodes(case))
+
+
+def _unused_trainable(node):
+    used = {op[0] for op in node["ops"]}
+    return (node["params"]["w"] == "trainable" and "linear" not in used) or (node["params"]["s"] == "trainable"
+                                                                             and "scale" not in used)
+
+
+def known_finding(case):
+    """The open finding of the v0.19.2 series that ``case`` may find again, or None: the bounded
+    run does not run those cases, so that it fails on new findings only. Each finding has its
+    shrunk case as a test below. The predicates are deliberately broad (they skip cases that
+    might pass) and describe the shape of each finding's family, not just its shrunk case."""
+    nodes = list(_nodes(case))
+    if any(node["z3_leaf"] for node in nodes):
+        # several findings (a no-grad input, a dict output, run twice, a vector read by another
+        # module): the bounded run leaves z3 leaf modules to their tests below
+        return "z3-leaf"
+    modes = {op[2] for node in nodes for op in node["ops"] if op[0] == "child" and node["children"]}
+    if "reentrant" in modes:
+        if any(node["output"] == "dict" for node in nodes):
+            return "input-cut-by-reentrant-dict-output"
+        calls = [op[1] % len(node["children"]) for node in nodes for op in node["ops"]
+                 if op[0] in ("child", "nograd") and node["children"]]
+        if case["forwards"] > 1 or len(calls) != len(set(calls)) or any(
+                op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"]):
+            return "reentrant-module-run-twice"
+    # without early stop, or past the module (function-relu), the recompute runs its post-forward
+    recompute_runs_post_forward = "function-relu" in modes or (not case["early_stop"]
+                                                               and modes & {"module", "function"})
+    if recompute_runs_post_forward and any(node["params"]["w"] == "trainable" for node in nodes):
+        return "trainable-weight-released-in-recompute"
+    if any(op[0] == "nograd" for node in nodes for op in node["ops"]) and any(
+            node["output"] == "param" and node["params"]["s"] == "trainable" for node in nodes):
+        return "trainable-param-output-under-no-grad"
+    if any(node["output"] == "leaf" for node in nodes):
+        return "input-cut-by-detach"
+    if case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"] and modes:
+        # I10 is checked: it fails with prefetching, and where a module runs twice
+        if case["zero"]["prefetch"] == "default":
+            return "volume-with-prefetching"
+        calls = [op[1] % len(node["children"]) for node in nodes for op in node["ops"]
+                 if op[0] in ("child", "nograd") and node["children"]]
+        if case["forwards"] > 1 or len(calls) != len(set(calls)) or any(
+                op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"]):
+            return "volume-module-run-twice"
+    if _may_feed_no_grad_input(case) and any(_unused_trainable(node) for node in nodes):
+        return "unused-trainable-no-grad-input"
+    return None
+
+
+@pytest.mark.invariants("I1", "I7", "I8", "I10")
+def test_drawn_models_keep_the_lifecycle_invariants(fuzz_pool, capsys):
+    """Every drawn case: no error the reference does not raise, exact fp32 gradients, quiescence
+    after every backward and step, the counter never negative, FWD_MODULE_STACK bounded, and the
+    frozen all-gather volume of the run without checkpointing where the RFC promises it (I10).
+    Cases of known findings (known_finding) are not run. On a tree without the series: the same
+    cases, known findings included, find the crash and a leak."""
+    if applied_patches() >= SERIES_LENGTH:
+        stats = lifecycle_fuzz.Stats()
+        try:
+            lifecycle_fuzz.search(fuzz_pool, max_examples=BOUNDED_EXAMPLES, skip=known_finding, stats=stats)
+        finally:
+            with capsys.disabled():
+                print(f"\nlifecycle fuzz (bounded): {stats.summary()}")
+        return
+    stats = lifecycle_fuzz.search(fuzz_pool, max_examples=PRISTINE_EXAMPLES, keep_going=True)
+    with capsys.disabled():
+        print(f"\nlifecycle fuzz (bounded, {applied_patches()} of {SERIES_LENGTH} patches): {stats.summary()}")
+    missing = {"error", "I1"} - set(stats.failures)
+    assert not missing, (f"the bounded search did not find {sorted(missing)} on a tree without the series, where "
+                         f"the crash (error) and the leaks (I1) exist: {stats.summary()}")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I10")
+def test_drawn_models_keep_the_frozen_gather_volume(fuzz_pool, request, capsys):
+    """Cases drawn so that I10 applies to every one (lifecycle_fuzz.VOLUME_CKPT): with non-reentrant
+    checkpointing, the frozen all-gather volume per step equals that of the same case without
+    checkpointing (and every other invariant holds). Known findings are not run. v0.19.2 fails."""
+    if applied_patches() < 1:
+        stats = lifecycle_fuzz.search(fuzz_pool, max_examples=VOLUME_EXAMPLES, volume=True, keep_going=True)
+        with capsys.disabled():
+            print(f"\nlifecycle fuzz (bounded, I10, {applied_patches()} of {SERIES_LENGTH} patches): {stats.summary()}")
+        assert stats.failures, f"the volume cases found nothing on a tree without the series: {stats.summary()}"
+        return
+    stats = lifecycle_fuzz.Stats()
+    try:
+        lifecycle_fuzz.search(fuzz_pool, max_examples=VOLUME_EXAMPLES, skip=known_finding, stats=stats, volume=True)
+    finally:
+        with capsys.disabled():
+            print(f"\nlifecycle fuzz (bounded, I10): {stats.summary()}")
+    assert stats.volume_checked, "no case checked the volume"
+
+
+# ----- findings of the fuzzer on the v0.19.2 series, shrunk by hypothesis ---------------------------
+# Strict: once fixed, the xfail turns into a failure, and the case becomes a needs_patch(k) regression
+# test. They are findings on the whole series: a tree with fewer patches skips them (all but the
+# trigger one fail on pristine v0.19.2 too, some with another invariant first).
+
+
+def finding(tag, reason):
+    if applied_patches() < SERIES_LENGTH:
+        return pytest.mark.skip(reason=f"a finding on the whole series, not on a prefix: {reason}")
+    return pytest.mark.xfail(strict=True, raises=violation(tag), reason=reason)
+
+
+_CASE = {
+    "dim": 4,
+    "inputs": {"x_grad": False, "aux": "none", "aux_grad": False},
+    "forwards": 1,
+    "early_stop": False,
+    "zero": {"gas": 1, "prefetch": "0", "reuse": "0", "persistence": "0"},
+    "steps": 2,
+}
+
+
+@finding("error",
+         "z3 leaf module fed an input that needs no grad: its weight is partitioned when its "
+         "backward runs (RuntimeError: size of tensor a (0) must match b (4)); v0.19.2 too")
+def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                "ops": [["linear"]], "output": "tensor", "z3_leaf": True}))
+
+
+@finding("grad",
+         "z3 leaf module returning a dict: wrong gradient for its weight, silently, whether or "
+         "not its input requires grad; v0.19.2 too")
+def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "none"}, "children": [], "ops": [["linear"]],
+                         "output": "dict", "z3_leaf": True}))
+
+
+@finding("I1",
+         "module fed an input that needs no grad, whose own trainable parameters its forward "
+         "does not use: 0003's post-backward trigger waits for their AccumulateGrad, which never runs; "
+         "its parameters stay gathered and the trigger armed after backward (v0.19.2: same leak)")
+def test_fuzz_unused_trainable_params_with_no_grad_input(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"},
+                                "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                              "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                                "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("error",
+         "z3 leaf module run twice before one backward (two forwards, one loss): the weight's "
+         "gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
+         "len(set(ds_id)) == len(params)); v0.19.2 too")
+def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, forwards=2, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                         "output": "tensor", "z3_leaf": True}))
+
+
+@finding("I1",
+         "module whose input requires grad but whose output does not depend on it (a child "
+         "computes from the detached input; its output is made to require grad by a hook): the "
+         "post-backward armed through the input never runs, so the module's trainable 'head' stays "
+         "gathered after backward (v0.19.2: same leak)")
+def test_fuzz_input_cut_by_detach(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "frozen"},
+                         "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["child", 0, "none", 1, "none"], ["linear"]], "output": "leaf",
+                         "z3_leaf": False}))
+
+
+@finding("error",
+         "fully trainable: with set_checkpoint_early_stop(False) the recompute of a module-level "
+         "non-reentrant checkpoint runs the module's post-forward, which partitions the trainable weight "
+         "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0001 keeps only frozen "
+         "parameters; v0.19.2 too")
+def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "none", "s": "none"},
+                         "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I1", "series only: a module run under torch.no_grad (nested in another no_grad module) that returns its "
+         "own trainable parameter gets a post-backward trigger (0003: an output requires grad), whose "
+         "AccumulateGrad never runs: the trigger stays armed after backward until the next forward")
+def test_fuzz_trainable_param_output_under_no_grad(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "none", "s": "frozen"},
+                         "children": [{"params": {"w": "none", "s": "trainable"}, "children": [],
+                                       "ops": [["act", "tanh"]], "output": "tensor", "z3_leaf": False},
+                                      {"params": {"w": "none", "s": "none"},
+                                       "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                                     "ops": [["linear"], ["scale"]], "output": "param",
+                                                     "z3_leaf": False}],
+                                       "ops": [["nograd", 0]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["nograd", 1]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I1", "a child under reentrant checkpointing returns a dict: torch's CheckpointFunction passes it on without "
+         "autograd history, so the caller's output does not depend on its input; the post-backward armed through "
+         "that input never runs and the trainable 'head' stays gathered after backward (the family of "
+         "test_fuzz_input_cut_by_detach)")
+def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
+                         "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("error", "fully trainable: a module called twice whose forward checkpoints its child with use_reentrant=True: "
+         "ZeRO-3 puts the child's weight in the reduce bucket twice (AssertionError in "
+         "__reduce_and_partition_ipg_grads: len(set(ds_id)) == len(params))")
+def test_fuzz_reentrant_module_run_twice(fuzz_pool):
+    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+            "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
+                                       "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                                       "z3_leaf": False}, leaf],
+                         "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
+
+
+@finding("grad", "a module reads (as a registered external parameter) the trainable vector of a z3 leaf module that "
+         "does not run: wrong gradient for that vector, silently")
+def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "none"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["external", 0]], "output": "tensor", "z3_leaf": False},
+                                      {"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": True}],
+                         "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I10", "with prefetching on (DeepSpeed's default stage3_prefetch_bucket_size) and reuse distance 0, a module "
+         "called twice under module-level checkpointing: from step 1 on (the trace recorded), checkpointing "
+         "all-gathers 128 bytes of frozen parameters per step, the same case without checkpointing 192")
+def test_fuzz_volume_with_prefetching(fuzz_pool):
+    child = {"params": {"w": "frozen", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  zero={"gas": 1, "prefetch": "default", "reuse": "0", "persistence": "0"},
+                  model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
+                         "ops": [["child", 0, "module", 1, "none"], ["child", 0, "module", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
+
+
+@finding("I10", "prefetch 0, reuse distance 0, early stop off: a module called twice (module-level, then "
+         "function-level checkpointing): checkpointing all-gathers 256 bytes of frozen parameters in step 1, "
+         "the same case without checkpointing 384. Fewer, not more: I10's equality holds as 'at most' here, or "
+         "the RFC must exclude modules that run more than once")
+def test_fuzz_volume_module_run_twice(fuzz_pool):
+    child = {"params": {"w": "frozen", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
+                         "ops": [["child", 0, "module", 1, "none"], ["child", 0, "function", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
