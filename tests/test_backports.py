@@ -18,7 +18,7 @@ BASES = backport_env.backport_bases()
 
 
 def test_backports_exist():
-    assert {"v0.19.1", "v0.19.0", "v0.18.9"} <= set(BASES), BASES
+    assert {"v0.19.1", "v0.19.0", "v0.18.9", "v0.17.6"} <= set(BASES), BASES
 
 
 @pytest.mark.parametrize("version", BASES)
@@ -42,7 +42,7 @@ def test_drift_in_the_source_series_is_caught(tmp_path, monkeypatch):
     # a change to the source patch that the backports do not have: one more added line
     hunk_line = next(line for line in text.splitlines() if line.startswith("+") and not line.startswith("+++"))
     source.write_text(text.replace("\n" + hunk_line + "\n", "\n" + hunk_line + "\n+# drift\n", 1))
-    for version in ("v0.19.1", "v0.19.0", "v0.18.9"):
+    for version in BASES:
         problems = backport_env.correspondence_problems(version)
         assert any("ported from another version of v0.19.2's" in p for p in problems), problems
         assert problems[-1] == f"carry the v0.19.2 series over again: scripts/port-series.sh {version} --from v0.19.2"
