@@ -29,7 +29,8 @@ and export it to patches/VERSION/:
      It is computed: "unchanged" (the FROM patch applies without a merge), "merged" (the same
      added and removed lines, only the context differs: a 3-way merge), or, when the added or
      removed lines differ, "adapted:" and the note for that patch from
-     patches/VERSION/port-notes.txt, which is then required. Then scripts/export-patches.sh writes patches/VERSION/ (cover letter
+     patches/VERSION/port-notes.txt, which is then required (and a note for a patch that is
+     not adapted is refused: it would describe a port that no longer exists). Then scripts/export-patches.sh writes patches/VERSION/ (cover letter
      text: patches/VERSION/cover-letter.txt, which must exist).
 
 You may change commits in build/port/VERSION after a run (git commit --amend, git rebase -i
@@ -207,7 +208,9 @@ finish() {
             else
                 how="merged: the same added and removed lines as in $FROM; only their context differs in $VERSION (3-way merge)."
             fi
-            [[ -z $note ]] || how+=" $note"
+            # A note says what was adapted; a patch that now ports as it is has nothing adapted,
+            # and an old note left for it would describe a port that no longer exists.
+            [[ -z $note ]] || die 5 "$NOTES has a note for '$subject', but that patch now ports without adaptation ($how); delete the note, then run: scripts/$PROG $VERSION --finish"
         else
             [[ -n $note ]] || die 5 "patch $((i + 1)) ('$subject') differs from the $FROM patch in its added or removed lines; say what was adapted for $VERSION in $NOTES under '== $subject', then run: scripts/$PROG $VERSION --finish"
             how="adapted: $note"
@@ -256,7 +259,7 @@ finish() {
         cat -- "$OUT/cover-letter.txt"
         printf '\nEach patch, against the %s series:\n\n' "$FROM"
         printf '%s\n' "${summary[@]}"
-        printf '\nThe %s series'"'"'s cover letter:\n\n' "$FROM"
+        printf '\nThe cover letter of the %s series:\n\n' "$FROM"
         awk 'body {print} !body && /^[[:space:]]*$/ {body = 1}' "$REPO_ROOT/patches/$FROM/cover-letter.txt"
     } >"$cover"
     bash "$SCRIPT_DIR/export-patches.sh" --tree "$TREE" --out "$OUT" --cover-letter "$cover"
