@@ -4,6 +4,7 @@ change to patches/v0.19.2/ not carried to a backport) fails here, without buildi
 scripts/port-series.sh carries it over."""
 
 import importlib.util
+import os
 import subprocess
 from pathlib import Path
 
@@ -84,7 +85,10 @@ def _repo_copy(tmp_path):
 
 
 def _port(copy, *args):
-    return subprocess.run(["bash", str(copy / "scripts" / "port-series.sh"), *args], cwd=copy,
+    # Both bases from their sdists (DEEPSPEED_SDIST, else PyPI): where GitHub is reachable,
+    # apply.sh would otherwise clone all of DeepSpeed for v0.19.2 first.
+    env = dict(os.environ, DEEPSPEED_GIT_URL=str(copy / "no-such-clone"))
+    return subprocess.run(["bash", str(copy / "scripts" / "port-series.sh"), *args], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
