@@ -23,6 +23,7 @@ The table lives here, not as markers in the test files, so that the v0.19.2 mark
 without touching it; a scenario test missing from it is a usage error on v0.19.8.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -82,16 +83,28 @@ def series_length(v0192_length):
     """The number of patches ZERO3_SERIES_PREFIX counts up to on the installed base: on v0.19.2 the
     caller's (tests/test_frozen_ckpt.py knows which patches of that series fix something), on
     v0.19.8 every patch of patches/v0.19.8/series."""
-    if installed_base() == "v0.19.2":
-        return v0192_length
+    if installed_base() != "v0.19.8":
+        return v0192_length  # v0.19.2 and its backports
     with open(SERIES_V0198) as series:
         return sum(1 for line in series if line.strip() and not line.lstrip().startswith("#"))
 
 
+def _backport_bases():
+    """The releases whose series is a port of the v0.19.2 series (scripts/backport_env.py): they
+    share its patch numbers, so v0.19.2's needs_patch markers hold there as they are."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "backport_env.py")
+    spec = importlib.util.spec_from_file_location("zero3_backport_env", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.backport_bases()
+
+
 def installed_base():
-    base = os.environ.get("ZERO3_VERSION", BASES[0])
-    if base not in BASES:
-        raise pytest.UsageError(f"ZERO3_VERSION={base!r}: expected one of {', '.join(BASES)}")
+    # empty counts as unset: .ci/run passes ZERO3_VERSION= to the environments of the default base
+    base = os.environ.get("ZERO3_VERSION") or BASES[0]
+    if base not in BASES and base not in _backport_bases():
+        raise pytest.UsageError(f"ZERO3_VERSION={base!r}: expected one of {', '.join(BASES)} or a backport base "
+                                f"({', '.join(_backport_bases())})")
     return base
 
 

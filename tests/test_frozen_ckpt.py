@@ -10,6 +10,7 @@ scenario fails, which is how ``tox -e pristine`` and ``scripts/prove-series.sh``
 regression test fails without its fix.
 """
 
+import importlib.metadata
 import json
 import os
 
@@ -170,6 +171,12 @@ def test_z3_leaf_module_with_several_outputs(scenario):
 @pytest.mark.invariants("I1", "I2")
 def test_fast_sharding_leaf_modules(scenario):
     """stage3_module_granularity_threshold: the blocks are z3 leaves with fast sharding."""
+    deepspeed_version = importlib.metadata.version("deepspeed")
+    if deepspeed_version.startswith("0.17.") and os.environ.get("ZERO3_TEST_DEVICE", "cpu") == "cpu":
+        # else the pristine proof would count this unrelated crash as the bug
+        pytest.skip(f"DeepSpeed {deepspeed_version} on CPU: its fast-sharding release allocates on "
+                    "device=current_device(), an int that CPU torch refuses ('Invalid device string'); "
+                    "v0.18.9 uses current_device_name(). Run this test on a GPU for v0.17.x")
     scenario(f"{FROZEN}:fast_sharding")
 
 

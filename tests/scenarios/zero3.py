@@ -304,7 +304,13 @@ def discard_aborted_backward(engine):
     check that the next step's gradients are exact.
     """
     for bucket in engine.optimizer.ipg_buckets.values():
-        bucket.clear_params()
+        if hasattr(bucket, "clear_params"):
+            bucket.clear_params()
+        else:
+            # v0.17.x buckets have no clear_params(); their reduction resets a bucket this way,
+            # keeping the buffer allocated at init (their clear() would drop it for good)
+            bucket.params.clear()
+            bucket.elements = 0
     # set_to_none=True calls record_stream, which CPU tensors do not support
     engine.optimizer.zero_grad(set_to_none=False)
 

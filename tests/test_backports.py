@@ -1,0 +1,120 @@
+"""The backport series (patches/v0.19.1, ...) correspond patch by patch to the series they were
+ported from: same count, subjects and test files, ported from that series as it is now. Drift (a
+change to patches/v0.19.2/ not carried to a backport) fails here, without building anything;
+scripts/port-series.sh carries it over."""
+
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("backport_env", ROOT / "scripts" / "backport_env.py")
+backport_env = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(backport_env)
+
+BASES = backport_env.backport_bases()
+
+
+def test_backports_exist():
+    assert {"v0.19.1", "v0.19.0", "v0.18.9", "v0.17.6"} <= set(BASES), BASES
+
+
+@pytest.mark.parametrize("version", BASES)
+def test_backport_corresponds_to_its_source(version):
+    assert backport_env.correspondence_problems(version) == []
+
+
+def _copy_patches(tmp_path, monkeypatch):
+    """A copy of patches/ that the checks read instead of the repository's."""
+    subprocess.run(["cp", "-r", str(ROOT / "patches"), str(tmp_path / "patches")], check=True)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "pinned-bases.tsv").write_bytes((ROOT / "scripts" / "pinned-bases.tsv").read_bytes())
+    monkeypatch.setattr(backport_env, "ROOT", tmp_path)
+    return tmp_path / "patches"
+
+
+def test_drift_in_the_source_series_is_caught(tmp_path, monkeypatch):
+    patches = _copy_patches(tmp_path, monkeypatch)
+    source = patches / "v0.19.2" / (patches / "v0.19.2" / "series").read_text().split()[1]
+    text = source.read_text()
+    # a change to the source patch that the backports do not have: one more added line
+    hunk_line = next(line for line in text.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    source.write_text(text.replace("\n" + hunk_line + "\n", "\n" + hunk_line + "\n+# drift\n", 1))
+    for version in BASES:
+        problems = backport_env.correspondence_problems(version)
+        assert any("ported from another version of v0.19.2's" in p for p in problems), problems
+        assert problems[-1] == f"carry the v0.19.2 series over again: scripts/port-series.sh {version} --from v0.19.2"
+
+
+def test_hand_edited_unchanged_backport_is_caught(tmp_path, monkeypatch):
+    patches = _copy_patches(tmp_path, monkeypatch)
+    ported = patches / "v0.19.1" / (patches / "v0.19.1" / "series").read_text().split()[0]
+    text = ported.read_text()
+    assert "): unchanged:" in text.split("\n---\n", 1)[0].replace("\n", " ")
+    hunk_line = next(line for line in text.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    ported.write_text(text.replace("\n" + hunk_line + "\n", "\n" + hunk_line + "\n+# edited\n", 1))
+    problems = backport_env.correspondence_problems("v0.19.1")
+    assert any("says 'unchanged' but adds or removes other lines" in p for p in problems), problems
+
+
+def test_missing_and_renamed_patches_are_caught(tmp_path, monkeypatch):
+    patches = _copy_patches(tmp_path, monkeypatch)
+    series = patches / "v0.19.0" / "series"
+    names = series.read_text().split()
+    series.write_text("\n".join(names[:-1]) + "\n")
+    problems = backport_env.correspondence_problems("v0.19.0")
+    assert "v0.19.0: 3 patches, the v0.19.2 series has 4" in problems
+    series.write_text("\n".join(names) + "\n")
+    last = patches / "v0.19.0" / names[-1]
+    last.write_text(last.read_text().replace("Subject: [PATCH 4/4] tests:", "Subject: [PATCH 4/4] test:", 1))
+    problems = backport_env.correspondence_problems("v0.19.0")
+    assert any(p.startswith("v0.19.0 patch 4") and "subject 'test:" in p for p in problems), problems
+
+
+def _repo_copy(tmp_path):
+    """scripts/ and patches/ of this repository in a scratch directory, for port-series.sh to
+    build and export into."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for part in ("scripts", "patches"):
+        subprocess.run(["cp", "-r", str(ROOT / part), str(copy / part)], check=True)
+    return copy
+
+
+def _port(copy, *args):
+    # Both bases from their sdists (DEEPSPEED_SDIST, else PyPI): where GitHub is reachable,
+    # apply.sh would otherwise clone all of DeepSpeed for v0.19.2 first.
+    env = dict(os.environ, DEEPSPEED_GIT_URL=str(copy / "no-such-clone"))
+    return subprocess.run(["bash", str(copy / "scripts" / "port-series.sh"), *args], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_port_reproduces_the_committed_v0_19_1_series(tmp_path):
+    """v0.19.1 needs no hand resolution, so porting the v0.19.2 series again must give the
+    committed files byte for byte (apply.sh gets the sdists from DEEPSPEED_SDIST or PyPI)."""
+    copy = _repo_copy(tmp_path)
+    for f in (copy / "patches" / "v0.19.1").glob("0*.patch"):
+        f.unlink()
+    run = _port(copy, "v0.19.1")
+    assert run.returncode == 0, run.stderr
+    for f in sorted((ROOT / "patches" / "v0.19.1").iterdir()):
+        assert (copy / "patches" / "v0.19.1" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_port_stops_on_a_conflict_and_says_what_to_do(tmp_path):
+    copy = _repo_copy(tmp_path)
+    run = _port(copy, "v0.19.0")
+    assert run.returncode == 4, run.stderr
+    assert "patch 1 of 4 conflicts on v0.19.0" in run.stderr
+    assert "conflicting file(s), in " in run.stderr and "deepspeed/runtime/engine.py" in run.stderr
+    assert "scripts/port-series.sh v0.19.0 --continue" in run.stderr
+    again = _port(copy, "v0.19.0")
+    assert again.returncode == 6 and "--continue or --abort it first" in again.stderr
+    aborted = _port(copy, "v0.19.0", "--abort")
+    assert aborted.returncode == 0, aborted.stderr
+    # the committed series is untouched by a port that stopped
+    for f in sorted((ROOT / "patches" / "v0.19.0").iterdir()):
+        assert (copy / "patches" / "v0.19.0" / f.name).read_bytes() == f.read_bytes(), f.name
