@@ -16,7 +16,8 @@ a slow spell of a shared machine hits both.
 
 Prints, per checkpointing mode and tree, the median step time of each run (median of --steps
 steps after --warmup), their median and spread (max - min), and each tree's median relative to
-the first tree's.
+the first tree's; once for wall-clock time and once for the process's CPU time. torch runs one
+thread, so on a host shared with other work the CPU time is the steadier of the two.
 """
 
 import argparse
@@ -60,6 +61,7 @@ def child(checkpointing, steps, warmup):
                 x = checkpoint(block, x, use_reentrant=False) if checkpointing == "module" else block(x)
             return x.pow(2).mean()
 
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Model()
     config = {
@@ -77,14 +79,19 @@ def child(checkpointing, steps, warmup):
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    times = []
+    wall, cpu = [], []
     for step in range(warmup + steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         engine.backward(engine(ids))
         engine.step()
         if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return {"deepspeed": deepspeed.__file__, "median_ms": 1e3 * statistics.median(times)}
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return {
+        "deepspeed": deepspeed.__file__,
+        "wall": 1e3 * statistics.median(wall),
+        "cpu": 1e3 * statistics.median(cpu),
+    }
 
 
 def free_port():
@@ -118,7 +125,7 @@ def run_tree(tree, checkpointing, steps, warmup):
     expected = os.path.join(os.path.abspath(tree), "deepspeed")
     if not result["deepspeed"].startswith(expected):
         sys.exit(f"bench: {tree} imported {result['deepspeed']}, not the tree's own deepspeed/")
-    return result["median_ms"]
+    return result
 
 
 def main():
@@ -144,17 +151,18 @@ def main():
           f"ZeRO-3 defaults, world size 1; {args.runs} interleaved runs x median of {args.steps} steps "
           f"(after {args.warmup} warm-up)")
     for mode in modes:
-        medians = {label: [] for label, _ in trees}
+        results = {label: [] for label, _ in trees}
         for run in range(args.runs):
             for label, tree in trees:
-                medians[label].append(run_tree(tree, mode, args.steps, args.warmup))
-        base = statistics.median(medians[trees[0][0]])
-        print(f"checkpointing={mode}")
-        for label, _ in trees:
-            runs = medians[label]
-            median = statistics.median(runs)
-            print(f"  {label:>10}: runs {' / '.join(f'{m:.1f}' for m in runs)} ms; median {median:.1f} ms, "
-                  f"spread {max(runs) - min(runs):.1f} ms; {100 * (median / base - 1):+.1f} % vs {trees[0][0]}")
+                results[label].append(run_tree(tree, mode, args.steps, args.warmup))
+        for clock in ("wall", "cpu"):
+            base = statistics.median(r[clock] for r in results[trees[0][0]])
+            print(f"checkpointing={mode}, {clock} time per step")
+            for label, _ in trees:
+                runs = [r[clock] for r in results[label]]
+                median = statistics.median(runs)
+                print(f"  {label:>10}: runs {' / '.join(f'{m:.1f}' for m in runs)} ms; median {median:.1f} ms, "
+                      f"spread {max(runs) - min(runs):.1f} ms; {100 * (median / base - 1):+.1f} % vs {trees[0][0]}")
 
 
 if __name__ == "__main__":
