@@ -182,13 +182,13 @@ def test_forward_stack_bounded_across_early_stops(scenario):
     scenario(f"{FROZEN}:forward_stack_bounded")
 
 
-@pytest.mark.needs_patch(6)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I8", "I9")
 def test_exception_in_recompute_then_retry(scenario):
     scenario(f"{FROZEN}:exception_in_recompute")
 
 
-@pytest.mark.needs_patch(6)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I7", "I9")
 def test_exception_in_backward_then_next_step(scenario):
     scenario(f"{FROZEN}:exception_in_backward")
