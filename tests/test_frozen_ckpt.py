@@ -19,7 +19,7 @@ import pytest
 from tests.bases import series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 3  # fix patches; 0004 adds tests only
+SERIES_LENGTH = 7  # fix patches; 0008 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -82,7 +82,7 @@ def _record(request, applied, needed, outcome, failure=None):
 CHECKPOINTING = ["module", "function", "reentrant"]
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2", "I4")
 @pytest.mark.parametrize("checkpointing", ["module", "function"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
@@ -91,7 +91,7 @@ def test_frozen_norm(scenario, checkpointing, dtype):
     scenario(f"{FROZEN}:frozen_norm", checkpointing=checkpointing, dtype=dtype)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 def test_frozen_norm_relu_tail(scenario):
     """The recompute runs to the block's end (relu saves its output), so every module of the block
@@ -99,11 +99,11 @@ def test_frozen_norm_relu_tail(scenario):
     scenario(f"{FROZEN}:frozen_norm", relu=True, depth=3)
 
 
-@pytest.mark.needs_patch(2)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2", "I7")
 def test_frozen_norm_deepspeed_defaults(scenario):
     """DeepSpeed's default prefetch, reuse distance and persistence threshold (a small model stays
-    gathered); with 0001 alone the available-parameter counter goes negative at the step."""
+    gathered)."""
     scenario(f"{FROZEN}:frozen_norm", defaults=True, steps=3)
 
 
@@ -114,14 +114,14 @@ def test_frozen_norm_reentrant_unchanged(scenario):
     scenario(f"{FROZEN}:frozen_norm", checkpointing="reentrant")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 @pytest.mark.parametrize("zero_init", [False, True], ids=["nn-linear", "zero-init"])
 def test_lora_blocks(scenario, zero_init):
     scenario(f"{FROZEN}:lora", zero_init=zero_init)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I2")
 def test_frozen_linear_weight_zero_init(scenario):
     """Only Linear weights frozen; DeepSpeed's linear (zero.Init) saves the weight itself."""
@@ -135,7 +135,7 @@ def test_frozen_linear_weight_plain(scenario):
     scenario(f"{FROZEN}:frozen_linear_weight", zero_init=False)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 @pytest.mark.parametrize("checkpointing", ["module", "function"])
 def test_quantized_base_keeps_weight_on_ctx(scenario, checkpointing):
@@ -143,7 +143,7 @@ def test_quantized_base_keeps_weight_on_ctx(scenario, checkpointing):
     scenario(f"{FROZEN}:quantized_base", checkpointing=checkpointing)
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1", "I5", "I7")
 @pytest.mark.parametrize("checkpointing", ["module", "function", "none"])
 def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
@@ -151,15 +151,16 @@ def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
     scenario(f"{FROZEN}:no_grad_input", checkpointing=checkpointing)
 
 
-@pytest.mark.needs_patch(2)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I6", "I7")
 def test_persistent_norms_stay_gathered(scenario):
-    """Persistent norms stay gathered from the first step on; with 0001 alone the available-
-    parameter counter goes negative when the step partitions them."""
+    """Frozen persistent norms: released while the first step records the trace, as v0.19.2 does
+    for every persistent parameter, held by the recompute like any frozen parameter, gathered for
+    good from the second step on."""
     scenario(f"{FROZEN}:persistent_norms")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I11")
 def test_z3_leaf_module_with_several_outputs(scenario):
     """A z3 leaf returning two tensors, followed in its checkpointed region by an op that saves
@@ -167,7 +168,7 @@ def test_z3_leaf_module_with_several_outputs(scenario):
     scenario(f"{FROZEN}:z3_leaf_multi_output")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 def test_fast_sharding_leaf_modules(scenario):
     """stage3_module_granularity_threshold: the blocks are z3 leaves with fast sharding."""
@@ -180,7 +181,7 @@ def test_fast_sharding_leaf_modules(scenario):
     scenario(f"{FROZEN}:fast_sharding")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I3")
 def test_reentered_module(scenario):
     scenario(f"{FROZEN}:reentered_module")
@@ -192,26 +193,26 @@ def test_forward_stack_bounded_across_early_stops(scenario):
     scenario(f"{FROZEN}:forward_stack_bounded")
 
 
-@pytest.mark.needs_patch(2)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I8", "I9")
 def test_exception_in_recompute_then_retry(scenario):
     scenario(f"{FROZEN}:exception_in_recompute")
 
 
-@pytest.mark.needs_patch(2)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I7", "I9")
 def test_exception_in_backward_then_next_step(scenario):
     scenario(f"{FROZEN}:exception_in_backward")
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I5")
 def test_several_forwards_then_one_backward(scenario):
     """Two forwards, then one backward: every invocation of a module gets its post-backward."""
     scenario(f"{FROZEN}:several_forwards_one_backward")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I3")
 def test_external_parameters(scenario):
     scenario(f"{FROZEN}:external_params")
@@ -223,7 +224,7 @@ def test_reentrant_frozen_module_fed_detached_tensor(scenario):
     scenario(f"{FROZEN}:reentrant_detached_frozen")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I4")
 @pytest.mark.parametrize("checkpointing", ["module", "function"])
 def test_frozen_peak_is_one_block(scenario, checkpointing):
@@ -236,7 +237,7 @@ def test_frozen_peak_is_one_block_reentrant(scenario):
     scenario(f"{FROZEN}:frozen_peak", checkpointing="reentrant")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I4")
 @pytest.mark.parametrize("checkpointing", ["module", "function"])
 def test_prompt_release_after_last_backward_use(scenario, checkpointing):
@@ -249,23 +250,88 @@ def test_prompt_release_without_backward_consumer(scenario):
     scenario(f"{FROZEN}:no_backward_consumer")
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I10")
 def test_frozen_all_gather_volume_matches_no_checkpointing(scenario):
     scenario(f"{FROZEN}:all_gather_volume")
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I10")
 @pytest.mark.parametrize("checkpointing", ["module", "reentrant"])
 def test_embedding_without_backward_not_gathered_in_backward(scenario, checkpointing):
     scenario(f"{FROZEN}:embedding_without_backward", checkpointing=checkpointing)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I2")
-def test_undetectable_recompute_raises_actionable_error(scenario):
+def test_undetectable_recompute_warns_and_keeps_checkpoint_error(scenario):
     scenario(f"{FROZEN}:undetectable_recompute")
+
+
+@pytest.mark.needs_patch(1)
+@pytest.mark.invariants("I7")
+@pytest.mark.parametrize("checkpointing", ["none", "module"])
+def test_counter_non_negative_under_default_settings(scenario, checkpointing):
+    """A fully trainable model under DeepSpeed's default ZeRO-3 settings, three steps."""
+    scenario(f"{FROZEN}:counter_across_steps", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1", "I5")
+@pytest.mark.parametrize("checkpointing", ["none", "module"])
+def test_several_forwards_then_one_backward_trainable(scenario, checkpointing):
+    """Two forwards of a fully trainable model summed into one loss."""
+    scenario(f"{FROZEN}:several_forwards_one_backward", frozen=False, checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1", "I5")
+def test_shared_frozen_norm_mixed_invocations(scenario):
+    """One frozen norm invoked through its input and with a leaf output in one forward."""
+    scenario(f"{FROZEN}:shared_frozen_norm_mixed_invocations")
+
+
+@pytest.mark.needs_patch(4)
+@pytest.mark.invariants("I1", "I5")
+@pytest.mark.parametrize("checkpointing", ["none", "module"])
+def test_keyword_input(scenario, checkpointing):
+    """The block's input that requires grad is passed by keyword."""
+    scenario(f"{FROZEN}:kwargs_input", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1", "I5")
+@pytest.mark.parametrize("checkpointing", ["none", "module"])
+def test_input_through_attribute_with_frozen_weight(scenario, checkpointing):
+    """No hook sees the block's input; its frozen weight is read after the trainable scale's last
+    gradient, so post-backward must wait for the end of the graph task."""
+    scenario(f"{FROZEN}:kwargs_input", checkpointing=checkpointing, inputs="stash")
+
+
+@pytest.mark.needs_patch(6)
+@pytest.mark.invariants("I1", "I4")
+def test_unused_output_late_release_reported_once(scenario):
+    scenario(f"{FROZEN}:unused_output_warned_once")
+
+
+@pytest.mark.needs_patch(5)
+@pytest.mark.invariants("I1", "I2")
+def test_direct_loss_backward(scenario):
+    scenario(f"{FROZEN}:direct_loss_backward")
+
+
+@pytest.mark.needs_patch(5)
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("defaults", [False, True], ids=["lifecycle", "defaults"])
+def test_cpu_param_offload(scenario, defaults):
+    scenario(f"{FROZEN}:cpu_param_offload", defaults=defaults)
+
+
+@pytest.mark.needs_patch(5)
+@pytest.mark.invariants("I1", "I2")
+def test_engine_compile(scenario):
+    scenario(f"{FROZEN}:engine_compile")
 
 
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
@@ -273,17 +339,25 @@ GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 
 @pytest.mark.needs_patch(0)
 @pytest.mark.invariants("I6")
-@pytest.mark.parametrize("checkpointing", ["module", "function", "reentrant", "none"])
-def test_full_finetune_release_order_unchanged(scenario, checkpointing):
-    """Same gathers and releases, in the same order, as v0.19.2 (tests/golden/). Re-record the
-    golden files on pristine v0.19.2:
+@pytest.mark.parametrize("settings,checkpointing", [("lifecycle", c) for c in ("module", "function", "reentrant", "none")] +
+                         [("defaults", c) for c in ("module", "none")])
+def test_full_finetune_release_order_unchanged(scenario, settings, checkpointing):
+    """Same gathers and releases, in the same order, as v0.19.2 (tests/golden/), with every
+    parameter released as soon as possible ("lifecycle") and with DeepSpeed's default persistence
+    threshold, prefetch bucket and reuse distance ("defaults"). Re-record the golden files on
+    pristine v0.19.2:
     ZERO3_RECORD_GOLDEN=1 tox -e pristine -- tests/test_frozen_ckpt.py -k release_order"""
     record = os.environ.get("ZERO3_RECORD_GOLDEN") == "1"
     if record and applied_patches() != 0:
         raise pytest.UsageError("ZERO3_RECORD_GOLDEN=1 records v0.19.2's behaviour: run it on pristine v0.19.2 "
                                 "(tox -e pristine), never on a patched tree")
-    golden = os.path.join(GOLDEN_DIR, f"full-finetune-lifecycle-{checkpointing}.json")
-    scenario(f"{FROZEN}:full_finetune_lifecycle_trace", golden=golden, checkpointing=checkpointing, record=record)
+    name = "full-finetune-lifecycle" if settings == "lifecycle" else "full-finetune-defaults"
+    golden = os.path.join(GOLDEN_DIR, f"{name}-{checkpointing}.json")
+    scenario(f"{FROZEN}:full_finetune_lifecycle_trace",
+             golden=golden,
+             checkpointing=checkpointing,
+             record=record,
+             defaults=settings == "defaults")
 
 
 @pytest.mark.needs_patch(0)

@@ -24,21 +24,21 @@ def scenario(hf_pool, request):
     return scenario_runner(hf_pool, request)
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1", "I5", "I12")
 @pytest.mark.parametrize("input_grads", [False, True], ids=["no-input-grads", "enable-input-require-grads"])
 def test_hf_llama_peft_lora(scenario, input_grads):
     scenario(f"{HF}:llama_lora", input_grads=input_grads)
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_hf_llama_peft_lora_half_precision(scenario, dtype):
     scenario(f"{HF}:llama_lora", dtype=dtype)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1")
 def test_hf_trainer_with_zero3_config(scenario):
     """transformers' Trainer with a ZeRO-3 config dict: its own DeepSpeed integration builds the

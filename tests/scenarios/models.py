@@ -385,3 +385,89 @@ class FailInBackwardBlock(NormLinear):
         # and the norm is gathered and deferred when it raises
         x = FailOnceBackward.apply(self.norm(x), self.armed)
         return self.lin(x)
+
+
+class UnusedOutputBlock(NormLinear):
+    """A block that also computes an auxiliary output the loss does not use (kept for logging, as
+    models keep hidden states or router statistics): the frozen norm that computes it is
+    recomputed in backward, but its backward never runs."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.aux_norm = torch.nn.LayerNorm(dim)
+        self.norm.requires_grad_(False)
+        self.aux_norm.requires_grad_(False)
+        self.aux = None
+
+    def forward(self, x):
+        self.aux = self.aux_norm(x)
+        return super().forward(x)
+
+
+class KwargsScaledMatmul(torch.nn.Module):
+    """A frozen weight read directly in forward (x @ W saves W itself, not a view) and a trainable
+    scale, with its input passed by keyword, as transformers passes hidden_states to some layers.
+    In backward, the scale's gradient is accumulated before the matmul's backward reads W."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5, requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, *, x):
+        return (x @ self.weight) * self.scale
+
+
+class StashedInputScaledMatmul(KwargsScaledMatmul):
+    """KwargsScaledMatmul whose grad-requiring input comes through an attribute the caller sets
+    (``stash``), with a positional argument that needs no grad: no hook can see that input."""
+
+    def forward(self, zeros):
+        return (self.stash @ self.weight) * self.scale + zeros
+
+
+class KwargsStack(torch.nn.Module):
+    """A trainable Linear, then blocks with a frozen weight and a trainable scale, called with
+    their input by keyword (``inputs="keyword"``) or through an attribute (``"stash"``), under
+    ``checkpointing`` "none" or "module", then a trainable head."""
+
+    def __init__(self, dim=8, depth=2, checkpointing="module", inputs="keyword"):
+        super().__init__()
+        self.inp = torch.nn.Linear(dim, dim)
+        block = KwargsScaledMatmul if inputs == "keyword" else StashedInputScaledMatmul
+        self.blocks = torch.nn.ModuleList(block(dim) for _ in range(depth))
+        self.head = torch.nn.Linear(dim, 2)
+        self.checkpointing = checkpointing
+        self.inputs = inputs
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            if self.inputs == "keyword":
+                x = block(x=x) if self.checkpointing == "none" else checkpoint(block, use_reentrant=False, x=x)
+            else:
+                block.stash = x
+                zeros = torch.zeros_like(x).detach()
+                x = block(zeros) if self.checkpointing == "none" else checkpoint(block, zeros, use_reentrant=False)
+        return self.head(x).pow(2).mean()
+
+
+class SharedFrozenNormModel(torch.nn.Module):
+    """One frozen LayerNorm invoked twice per forward: on hidden states that require grad (armed
+    through its input), and on a tensor that needs no grad whose output a forward hook makes a leaf
+    that requires grad (transformers' enable_input_require_grads() pattern). The two invocations
+    need different pre-backwards: the first must gather the norm for its backward."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.inp = torch.nn.Linear(dim, dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.norm.requires_grad_(False)
+        self.norm.register_forward_hook(lambda module, args, output: output.requires_grad_(True)
+                                        if not output.requires_grad else None)
+        self.head = torch.nn.Linear(dim, 2)
+
+    def forward(self, x):
+        hidden = self.norm(self.inp(x))
+        side = self.norm(torch.ones_like(x))
+        return self.head(hidden + side).pow(2).mean()

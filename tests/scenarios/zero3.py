@@ -138,8 +138,8 @@ def available_numel_counter(engine):
     return coordinator_of(engine)._PartitionedParameterCoordinator__n_available_params
 
 
-def lifecycle_violations(engine):
-    """Invariant I1 (quiescence), as a list of human-readable violations."""
+def lifecycle_violations(engine, counter=True):
+    """Invariant I1 (quiescence), as a list of human-readable violations; with ``counter``, I7 too."""
     problems = []
     for name, param in engine.module.named_parameters():
         if param.ds_persist or param.is_external_param:
@@ -155,14 +155,13 @@ def lifecycle_violations(engine):
     triggers = getattr(offload_of(engine), "_post_backward_triggers", {})
     if triggers:
         problems.append(f"{len(triggers)} post-backward trigger(s) still armed")
-    counter = available_numel_counter(engine)
-    if counter < 0:
-        problems.append(f"available-parameter counter is negative: {counter}")
+    if counter and available_numel_counter(engine) < 0:
+        problems.append(f"available-parameter counter is negative: {available_numel_counter(engine)}")
     return problems
 
 
-def assert_quiescent(engine, when):
-    problems = lifecycle_violations(engine)
+def assert_quiescent(engine, when, counter=True):
+    problems = lifecycle_violations(engine, counter)
     assert not problems, f"ZeRO-3 state is not quiescent {when}:\n  " + "\n  ".join(problems)
 
 
@@ -345,11 +344,21 @@ def sync_reference(engine, reference):
             ref_param.copy_(gather_partitions(params[name].ds_tensor.data, params[name]).to(ref_param.dtype))
 
 
-def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_backward=None, after_forward=None):
+def train(engine,
+          reference,
+          make_inputs,
+          *,
+          steps=2,
+          gas=1,
+          exact=True,
+          after_backward=None,
+          after_forward=None,
+          counter=True):
     """Trains ZeRO-3 and the reference side by side on identical micro-batches.
 
-    Checks after every backward: quiescence (I1); after the last micro-batch of each step: the
-    gradients, against the reference's. Returns the losses of both.
+    Checks after every backward: quiescence (I1), and with ``counter`` a non-negative available-
+    parameter counter (I7); after the last micro-batch of each step: the gradients, against the
+    reference's. Returns the losses of both.
     """
     losses, reference_losses = [], []
     for step in range(steps):
@@ -360,7 +369,7 @@ def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_b
             if after_forward is not None:
                 after_forward(engine)
             engine.backward(loss)
-            assert_quiescent(engine, f"after backward of step {step}, micro-batch {micro}")
+            assert_quiescent(engine, f"after backward of step {step}, micro-batch {micro}", counter)
             if after_backward is not None:
                 after_backward(engine)
 
@@ -376,5 +385,5 @@ def train(engine, reference, make_inputs, *, steps=2, gas=1, exact=True, after_b
             # DeepSpeed steps after every micro-batch and updates only at the accumulation boundary
             engine.step()
         sync_reference(engine, reference)
-        assert_quiescent(engine, f"after optimizer step {step}")
+        assert_quiescent(engine, f"after optimizer step {step}", counter)
     return {"losses": losses, "reference_losses": reference_losses}
