@@ -322,8 +322,11 @@ def gather_partitions(local, param):
     slice of the output), which NCCL defines and gloo does not. On CPU they now and then return
     uninitialised memory, on a pristine v0.19.2 tree and with no frozen parameter too.
     """
+    # With parameter offload the partition lives in host memory, which NCCL cannot gather from:
+    # gather on the accelerator the process group uses, and return the result there.
+    local = local.to(get_accelerator().current_device_name()).contiguous()
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, local.contiguous())
+    dist.all_gather(parts, local)
     return torch.cat(parts)[:param.ds_numel].view(param.ds_shape)
 
 
