@@ -86,9 +86,6 @@ def known_finding(case):
                                                                and modes & {"module", "function"})
     if recompute_runs_post_forward and any(node["params"]["w"] == "trainable" for node in nodes):
         return "trainable-weight-released-in-recompute"
-    if any(op[0] == "nograd" for node in nodes for op in node["ops"]) and any(
-            node["output"] == "param" and node["params"]["s"] == "trainable" for node in nodes):
-        return "trainable-param-output-under-no-grad"
     if any(node["output"] == "leaf" for node in nodes):
         return "input-cut-by-detach"
     if case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"] and modes:
@@ -151,8 +148,8 @@ def test_drawn_models_keep_the_frozen_gather_volume(fuzz_pool, request, capsys):
 
 # ----- findings of the fuzzer on the v0.19.2 series, shrunk by hypothesis ---------------------------
 # Strict: once fixed, the xfail turns into a failure, and the case becomes a needs_patch(k) regression
-# test. They are findings on the whole series: a tree with fewer patches skips them (all but the
-# trigger one fail on pristine v0.19.2 too, some with another invariant first).
+# test (or a needs_patch(0) guard where v0.19.2 passes too). They are findings on the whole series: a
+# tree with fewer patches skips them (all fail on pristine v0.19.2 too, some with another invariant first).
 
 
 def finding(tag, reason):
@@ -192,7 +189,7 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
 
 @finding("I1",
          "module fed an input that needs no grad, whose own trainable parameters its forward "
-         "does not use: 0003's post-backward trigger waits for their AccumulateGrad, which never runs; "
+         "does not use: 0007's post-backward trigger waits for their AccumulateGrad, which never runs; "
          "its parameters stay gathered and the trigger armed after backward (v0.19.2: same leak)")
 def test_fuzz_unused_trainable_params_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool,
@@ -231,7 +228,7 @@ def test_fuzz_input_cut_by_detach(fuzz_pool):
 @finding("error",
          "fully trainable: with set_checkpoint_early_stop(False) the recompute of a module-level "
          "non-reentrant checkpoint runs the module's post-forward, which partitions the trainable weight "
-         "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0001 keeps only frozen "
+         "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0005 keeps only frozen "
          "parameters; v0.19.2 too")
 def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_pool):
     run_case(fuzz_pool,
@@ -242,10 +239,13 @@ def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_poo
                          "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
 
 
-@finding("I1", "series only: a module run under torch.no_grad (nested in another no_grad module) that returns its "
-         "own trainable parameter gets a post-backward trigger (0003: an output requires grad), whose "
-         "AccumulateGrad never runs: the trigger stays armed after backward until the next forward")
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
 def test_fuzz_trainable_param_output_under_no_grad(fuzz_pool):
+    """A guard, once a finding: a module run under torch.no_grad (nested in another no_grad module)
+    that returns its own trainable parameter. The 4-patch v0.19.2 series armed a post-backward
+    trigger for it (an output requires grad) whose AccumulateGrad never runs, so the trigger stayed
+    armed after backward (I1). v0.19.2 passes, and so does the 8-patch series."""
     run_case(fuzz_pool,
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                   model={"params": {"w": "none", "s": "frozen"},
