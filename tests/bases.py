@@ -51,12 +51,14 @@ V0198 = {
     "test_frozen_linear_weight_plain": 0,
     "test_quantized_base_keeps_weight_on_ctx": 0,
     "test_no_grad_block_input_with_accumulation": 0,  # release_backward_leftovers() (#8148)
-    "test_persistent_norms_stay_gathered": GAP,  # partitioned while the first step records its trace
+    "test_persistent_norms_stay_gathered": 4,  # v0.19.8: available-parameter count negative (-32)
     "test_z3_leaf_module_with_several_outputs": 0,
-    "test_fast_sharding_leaf_modules": 1,  # v0.19.8: CheckpointError, recomputed shape [1]
+    "test_fast_sharding_leaf_modules": 1,  # v0.19.8: CheckpointError, recomputed shape [1] (2 alone fixes it too)
     "test_reentered_module": 0,
     "test_forward_stack_bounded_across_early_stops": 5,
-    "test_exception_in_recompute_then_retry": 5,  # v0.19.8: the stack keeps the failing block
+    # v0.19.8: the stack keeps the failing block; with 5 alone the retry's available-parameter count
+    # goes negative (-72): it needs 4 and 5, that is the first 5 patches
+    "test_exception_in_recompute_then_retry": 5,
     "test_exception_in_backward_then_next_step": 0,
     "test_several_forwards_then_one_backward": 0,
     "test_external_parameters": 0,
@@ -64,12 +66,26 @@ V0198 = {
     "test_frozen_peak_is_one_block[module]": 0,
     "test_frozen_peak_is_one_block[function]": 2,  # v0.19.8: 8 of 8 frozen params
     "test_frozen_peak_is_one_block_reentrant": 2,  # v0.19.8: 8 of 8 frozen params
-    "test_prompt_release_after_last_backward_use": 2,
+    "test_prompt_release_after_last_backward_use": 2,  # v0.19.8: frozen norms still gathered after last use
     "test_prompt_release_without_backward_consumer": 0,
     "test_frozen_all_gather_volume_matches_no_checkpointing": 0,  # this model's recompute starts at the block
     "test_embedding_without_backward_not_gathered_in_backward": 3,  # v0.19.8: all-gathered in backward
-    "test_undetectable_recompute_raises_actionable_error": NOT_APPLICABLE,  # the v0.19.2 series' error
-    "test_full_finetune_release_order_unchanged": 0,
+    # v0.19.8 (#8148) no longer crashes there, so it has nothing to warn about: the warning and the
+    # CheckpointError kept without graph-task detection are the v0.19.2 series' own
+    "test_undetectable_recompute_warns_and_keeps_checkpoint_error": NOT_APPLICABLE,
+    "test_counter_non_negative_under_default_settings": 4,  # v0.19.8: available-parameter count -194
+    "test_several_forwards_then_one_backward_trainable": 0,
+    "test_shared_frozen_norm_mixed_invocations": 0,
+    "test_keyword_input": 0,
+    "test_input_through_attribute_with_frozen_weight": 0,
+    # the late-release warning is the v0.19.2 series' ledger; v0.19.8 trains this model cleanly
+    # (no CheckpointError, quiescent after every step) and warns nothing
+    "test_unused_output_late_release_reported_once": NOT_APPLICABLE,
+    "test_direct_loss_backward": 0,
+    "test_cpu_param_offload[lifecycle]": 0,
+    "test_cpu_param_offload[defaults]": 4,  # v0.19.8: available-parameter count -194
+    "test_engine_compile": 0,
+    "test_full_finetune_release_order_unchanged": 0,  # v0.19.2's golden traces hold on v0.19.8, defaults too
     "test_eval_forward_unchanged": 0,
     "test_hf_llama_peft_lora": 4,  # v0.19.8: available-parameter count negative (-1024)
     "test_hf_llama_peft_lora_half_precision": 4,  # the same
