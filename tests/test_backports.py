@@ -65,13 +65,16 @@ def test_missing_and_renamed_patches_are_caught(tmp_path, monkeypatch):
     series = patches / "v0.19.0" / "series"
     names = series.read_text().split()
     series.write_text("\n".join(names[:-1]) + "\n")
+    n = len(names)
     problems = backport_env.correspondence_problems("v0.19.0")
-    assert "v0.19.0: 3 patches, the v0.19.2 series has 4" in problems
+    assert f"v0.19.0: {n - 1} patches, the v0.19.2 series has {n}" in problems
     series.write_text("\n".join(names) + "\n")
     last = patches / "v0.19.0" / names[-1]
-    last.write_text(last.read_text().replace("Subject: [PATCH 4/4] tests:", "Subject: [PATCH 4/4] test:", 1))
+    subject = f"Subject: [PATCH {n}/{n}] tests:"
+    assert subject in last.read_text()
+    last.write_text(last.read_text().replace(subject, f"Subject: [PATCH {n}/{n}] test:", 1))
     problems = backport_env.correspondence_problems("v0.19.0")
-    assert any(p.startswith("v0.19.0 patch 4") and "subject 'test:" in p for p in problems), problems
+    assert any(p.startswith(f"v0.19.0 patch {n}") and "subject 'test:" in p for p in problems), problems
 
 
 def _repo_copy(tmp_path):
@@ -108,8 +111,10 @@ def test_port_stops_on_a_conflict_and_says_what_to_do(tmp_path):
     copy = _repo_copy(tmp_path)
     run = _port(copy, "v0.19.0")
     assert run.returncode == 4, run.stderr
-    assert "patch 1 of 4 conflicts on v0.19.0" in run.stderr
-    assert "conflicting file(s), in " in run.stderr and "deepspeed/runtime/engine.py" in run.stderr
+    # v0.19.0's PostBackwardFunctionModule has no setup_context (patches/v0.19.0/port-notes.txt)
+    n = len((ROOT / "patches" / "v0.19.2" / "series").read_text().split())
+    assert f"patch 3 of {n} conflicts on v0.19.0" in run.stderr
+    assert "conflicting file(s), in " in run.stderr and "deepspeed/runtime/zero/parameter_offload.py" in run.stderr
     assert "scripts/port-series.sh v0.19.0 --continue" in run.stderr
     again = _port(copy, "v0.19.0")
     assert again.returncode == 6 and "--continue or --abort it first" in again.stderr

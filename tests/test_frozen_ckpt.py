@@ -318,6 +318,11 @@ def test_unused_output_late_release_reported_once(scenario):
 @pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 def test_direct_loss_backward(scenario):
+    deepspeed_version = importlib.metadata.version("deepspeed")
+    if deepspeed_version.startswith("0.17."):
+        # else the pristine proof would count the missing feature as the bug
+        pytest.skip(f"DeepSpeed {deepspeed_version} has no torch-style backward (loss.backward() without "
+                    "engine.backward(), added in 0.18 as _support_torch_style_backward)")
     scenario(f"{FROZEN}:direct_loss_backward")
 
 
