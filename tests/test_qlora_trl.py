@@ -69,7 +69,7 @@ def report_losses(request, result, reference):
     assert losses == pytest.approx(expected, rel=LOSS_RTOL), (result, reference)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1")
 def test_qlora_bnb_4bit_llama_non_reentrant(one_gpu_pool, request):
     """BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_storage=bf16), PEFT LoRA, ZeRO-3."""
@@ -79,7 +79,7 @@ def test_qlora_bnb_4bit_llama_non_reentrant(one_gpu_pool, request):
     report_losses(request, result, reference)
 
 
-@pytest.mark.needs_patch(1)
+@pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1")
 def test_trl_sft_trainer_peft_zero3_non_reentrant(one_gpu_pool, request):
     """SFTTrainer with a ZeRO-3 config dict, PEFT LoRA and use_reentrant=False: TRL 1.16.0 turns

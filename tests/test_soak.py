@@ -18,7 +18,7 @@ def soak_pool(rank_pool):
     pool.close()
 
 
-@pytest.mark.needs_patch(3)
+@pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1", "I7", "I8")
 def test_llama_lora_soak(soak_pool, request, capsys):
     """Quiescence and the counter after every backward and step, the forward stack after every
