@@ -24,7 +24,8 @@ def measure(checkpointing, steps):
     from transformers import LlamaForCausalLM
 
     from tests.scenarios import hf_llama
-    from tests.scenarios.zero3 import count_all_gathers, initialize, lifecycle_config
+    from tests.scenarios.followup import all_gathers_per_step
+    from tests.scenarios.zero3 import initialize, lifecycle_config
 
     torch.manual_seed(0)
     model = get_peft_model(LlamaForCausalLM(hf_llama.tiny_llama_config()),
@@ -32,18 +33,7 @@ def measure(checkpointing, steps):
                            autocast_adapter_dtype=False)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine = initialize(hf_llama.CausalLMLoss(model), lifecycle_config())
-    engine.train()
-    counts = count_all_gathers(engine.module)
-    per_step = []
-    for step in range(steps):
-        before = dict(counts)
-        ids = torch.randint(0, hf_llama.VOCAB, (2, 8), generator=torch.Generator().manual_seed(step))
-        engine.backward(engine(ids))
-        engine.step()
-        per_step.append({kind: counts[kind] - before[kind] for kind in counts})
-    engine.destroy()
-    return per_step
+    return all_gathers_per_step(initialize(hf_llama.CausalLMLoss(model), lifecycle_config()), steps)
 
 
 def main():

@@ -114,3 +114,13 @@ def rank_pools(request):
 def rank_pool(rank_pools):
     """The session's RankPool of the default world size; rank_pool.run("tests.scenarios.m:f", **kwargs)."""
     return rank_pools()
+
+
+@pytest.fixture(scope="session")
+def hf_pool(rank_pool):
+    """Rank processes of their own for the Hugging Face scenarios (tests/test_hf_llama_peft.py,
+    tests/test_v0198.py): transformers and PEFT are heavy to import and change global state
+    (F.linear under zero.Init, logging), which the small scenarios should not share."""
+    pool = RankPool(rank_pool.world_size, name="hf")
+    yield pool
+    pool.close()

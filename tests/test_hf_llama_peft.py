@@ -1,22 +1,13 @@
 """Hugging Face's client path: tiny Llama + PEFT LoRA + gradient_checkpointing_enable(), on the session's ranks.
 
-These run in rank processes of their own: transformers and PEFT are heavy to import and change
-global state (F.linear under zero.Init, logging), which the small scenarios should not share.
+These run in rank processes of their own (hf_pool, tests/conftest.py), shared with tests/test_v0198.py.
 """
 
 import pytest
 
-from tests.harness import RankPool
 from tests.test_frozen_ckpt import scenario_runner
 
 HF = "tests.scenarios.hf_llama"
-
-
-@pytest.fixture(scope="module")
-def hf_pool(rank_pool):
-    pool = RankPool(rank_pool.world_size, name="hf")
-    yield pool
-    pool.close()
 
 
 @pytest.fixture

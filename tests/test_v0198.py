@@ -1,25 +1,17 @@
 """Scenarios of the v0.19.8 follow-up series, run only against DeepSpeed v0.19.8 (ZERO3_VERSION).
 
 Their expectations (which follow-up patch each needs) are in tests/bases.py, like those of the
-shared scenarios; they run in their own rank pool, as the Hugging Face tests do.
+shared scenarios; they run in the Hugging Face scenarios' rank pool (hf_pool, tests/conftest.py).
 """
 
 import pytest
 
 from tests.bases import installed_base
-from tests.harness import RankPool
 from tests.test_frozen_ckpt import scenario_runner
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
 FOLLOWUP = "tests.scenarios.followup"
-
-
-@pytest.fixture(scope="module")
-def hf_pool(rank_pool):
-    pool = RankPool(rank_pool.world_size, name="hf-v0198")
-    yield pool
-    pool.close()
 
 
 @pytest.fixture

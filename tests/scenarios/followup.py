@@ -10,6 +10,22 @@ from tests.scenarios.zero3 import count_all_gathers, initialize, lifecycle_confi
 VOLUME_TOLERANCE = 1.02
 
 
+def all_gathers_per_step(engine, steps):
+    """Trains ``engine`` (a causal LM returning its loss) for ``steps`` steps on fixed token ids and
+    returns, per step, the bytes all-gathered by kind (frozen, trainable); destroys the engine."""
+    engine.train()
+    counts = count_all_gathers(engine.module)
+    per_step = []
+    for step in range(steps):
+        before = dict(counts)
+        ids = torch.randint(0, hf_llama.VOCAB, (2, 8), generator=torch.Generator().manual_seed(step))
+        engine.backward(engine(ids.to(engine.device)))
+        engine.step()
+        per_step.append({kind: counts[kind] - before[kind] for kind in counts})
+    engine.destroy()
+    return per_step
+
+
 def llama_lora_all_gather_volume(*, steps=3):
     """Tiny Llama + PEFT LoRA, non-reentrant gradient checkpointing: the frozen bytes all-gathered per
     step, against the same model without checkpointing. v0.19.8: 1.32x (a recompute's frozen params
@@ -22,17 +38,7 @@ def llama_lora_all_gather_volume(*, steps=3):
         if checkpointing == "none":
             model.model.gradient_checkpointing_disable()
         engine = initialize(model, config)
-        engine.train()
-        counts = count_all_gathers(engine.module)
-        per_step = []
-        for step in range(steps):
-            before = dict(counts)
-            ids = torch.randint(0, hf_llama.VOCAB, (2, 8), generator=torch.Generator().manual_seed(step))
-            engine.backward(engine(ids.to(engine.device)))
-            engine.step()
-            per_step.append({kind: counts[kind] - before[kind] for kind in counts})
-        engine.destroy()
-        volumes[checkpointing] = per_step
+        volumes[checkpointing] = all_gathers_per_step(engine, steps)
     for step in range(1, steps):  # step 0 records the trace
         ratio = volumes["module"][step]["frozen"] / volumes["none"][step]["frozen"]
         assert ratio <= VOLUME_TOLERANCE, (f"step {step}: checkpointing all-gathered {ratio:.3f}x the frozen bytes of "
