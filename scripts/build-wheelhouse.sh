@@ -19,11 +19,13 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
     psutil py-cpuinfo pydantic (+ pydantic-core annotated-types typing-inspection ...) tqdm, and
     nvidia-ml-py (DeepSpeed's setup.py adds it when it sees a CUDA torch)
   - tox and its requirements, setuptools and wheel (DeepSpeed is built --no-build-isolation)
+  - hypothesis and its requirements: `tox -e gpu` runs the bounded lifecycle fuzz, and a GPU
+    host that has pytest and the Hugging Face stack rarely has hypothesis
   - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
     checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
   - with --bench-upstream VERSION (e.g. 0.19.8): that DeepSpeed sdist too, for the benchmark's
     upstream variant (unpack it and set ZERO3_BENCH_UPSTREAM_TREE; not checked against a pin)
-  - with --test-deps: pytest, hypothesis, transformers, peft, accelerate and their requirements, minus
+  - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
     torch (for hosts that lack them; peft and accelerate are fetched without their
     dependencies, which would otherwise drag in a CUDA torch of several GB)
   - with --qlora-trl: a self-contained set in DIR/qlora-trl/ for scripts/gpu-qlora-trl.sh (the
@@ -103,15 +105,15 @@ pip_dl() { "$py" -m pip download --disable-pip-version-check --dest "$DEST" "$@"
 
 # As DeepSpeed's requirements/requirements.txt, minus torch; setup.py adds nvidia-ml-py on CUDA hosts.
 runtime=(einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm nvidia-ml-py)
-tools=(tox setuptools wheel)
-echo "== DeepSpeed runtime requirements (without torch), tox, setuptools, wheel"
+tools=(tox setuptools wheel hypothesis)
+echo "== DeepSpeed runtime requirements (without torch), tox, setuptools, wheel, hypothesis"
 pip_dl "${target[@]}" "${runtime[@]}" "${tools[@]}"
 
 if ((TEST_DEPS)); then
     echo "== test requirements (without torch)"
     # transformers does not require torch; peft and accelerate do, so their own requirements
     # other than torch are listed here and they are fetched with --no-deps.
-    pip_dl "${target[@]}" pytest hypothesis transformers pyyaml safetensors huggingface_hub
+    pip_dl "${target[@]}" pytest transformers pyyaml safetensors huggingface_hub
     pip_dl "${target[@]}" --no-deps peft accelerate
 fi
 
