@@ -122,11 +122,12 @@ bash integrations/trl/check.sh --sdist "$WHEELS" --dest "$WORK/trl-patched" --py
 # configuration -> DeepSpeed, TRL, pytest selection
 CONFIGS=(pristine-released series-released pristine-patched series-patched)
 run_config() {
-    local config=$1 ds=${1%-*} trl=${1#*-} path prefix select=()
+    local config=$1 ds=${1%-*} trl=${1#*-} path prefix=() select=()
     path=$WORK/ds-$ds:$WORK/site
     [[ $trl == patched ]] && path=$WORK/trl-patched:$path && select=(-k test_trl_sft_trainer)
-    [[ $ds == pristine ]] && prefix=0 || prefix=3
-    PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} ZERO3_SERIES_PREFIX=$prefix ZERO3_TEST_DEVICE=$DEVICE \
+    # The series tree: no ZERO3_SERIES_PREFIX, so the tests take the whole series as applied
+    [[ $ds == pristine ]] && prefix=(ZERO3_SERIES_PREFIX=0)
+    env "${prefix[@]}" PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} ZERO3_TEST_DEVICE=$DEVICE \
         DS_ACCELERATOR=$DEVICE ZERO3_RESULTS_FILE=$WORK/logs/results-$config.jsonl PYTHONDONTWRITEBYTECODE=1 \
         ZERO3_TEST_LOG_DIR=$WORK/logs/ranks-$config \
         "$py" -m pytest -p no:cacheprovider -q -rA -s "${select[@]}" tests/test_qlora_trl.py \
