@@ -26,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.sdists import index_disabled, local_sdist, sdist_name
+
 REPO = Path(__file__).resolve().parents[1]
 APPLY = REPO / "scripts" / "apply.sh"
 EXPORT = REPO / "scripts" / "export-patches.sh"
 VERSION = "v0.19.2"
 UPSTREAM = "b919284ab1ad6dbc1cb0e06b10386ff74160b586"
-SDIST_NAME = "deepspeed-0.19.2.tar.gz"
+SDIST_NAME = sdist_name(VERSION)
 SDIST_SHA = "7e854b6ebe3d2bfa239f82958372927631c74e5324c7f08f17ce7ff5f6b06969"
 BRANCH = "zero3/" + VERSION
 # The commit apply.sh makes of the v0.19.2 sdist: the same on every machine and git version (seen
@@ -141,30 +143,12 @@ def _pypi_reachable():
         return False
 
 
-def local_sdist():
-    """The v0.19.2 sdist from ZERO3_TEST_SDIST, DEEPSPEED_SDIST or a PIP_FIND_LINKS directory, or None."""
-    candidates = [os.environ.get("ZERO3_TEST_SDIST"), os.environ.get("DEEPSPEED_SDIST")]
-    candidates += [d[len("file://"):] if d.startswith("file://") else d
-                   for d in os.environ.get("PIP_FIND_LINKS", "").split()]
-    for cand in filter(None, candidates):
-        path = Path(cand)
-        if path.is_dir():
-            path = path / SDIST_NAME
-        if path.is_file() and path.name == SDIST_NAME:
-            return path
-    return None
-
-
-def _index_disabled():
-    return os.environ.get("PIP_NO_INDEX", "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 @pytest.fixture(scope="session")
 def sdist(tmp_path_factory):
-    found = local_sdist()
+    found = local_sdist(VERSION)
     if found:
         return found
-    if _index_disabled():
+    if index_disabled():
         pytest.skip(f"{SDIST_NAME} is not in ZERO3_TEST_SDIST, DEEPSPEED_SDIST or PIP_FIND_LINKS, and PIP_NO_INDEX "
                     "forbids downloading it")
     dest = tmp_path_factory.mktemp("sdist")
@@ -335,7 +319,7 @@ def test_sdist_base_commit_is_deterministic(tmp_path, sdist, pristine_tree):
 
 
 def test_real_pip_download_path(tmp_path):
-    if _index_disabled():
+    if index_disabled():
         pytest.skip("PIP_NO_INDEX is set: this test downloads the sdist from PyPI")
     if not _pypi_reachable():
         pytest.skip("PyPI is unreachable from this machine")
@@ -352,13 +336,13 @@ def test_tests_find_the_sdist_where_apply_sh_does(tmp_path, monkeypatch):
     (wheelhouse / SDIST_NAME).write_bytes(b"stand-in")
     for name in ("ZERO3_TEST_SDIST", "DEEPSPEED_SDIST", "PIP_FIND_LINKS"):
         monkeypatch.delenv(name, raising=False)
-    assert local_sdist() is None
+    assert local_sdist(VERSION) is None
     monkeypatch.setenv("PIP_FIND_LINKS", f"/nonexistent file://{wheelhouse}")
-    assert local_sdist() == wheelhouse / SDIST_NAME
+    assert local_sdist(VERSION) == wheelhouse / SDIST_NAME
     monkeypatch.setenv("DEEPSPEED_SDIST", str(tmp_path / "other.tar.gz"))  # missing: the next place counts
-    assert local_sdist() == wheelhouse / SDIST_NAME
+    assert local_sdist(VERSION) == wheelhouse / SDIST_NAME
     monkeypatch.setenv("ZERO3_TEST_SDIST", str(wheelhouse))
-    assert local_sdist() == wheelhouse / SDIST_NAME
+    assert local_sdist(VERSION) == wheelhouse / SDIST_NAME
 
 
 def test_sdist_found_in_pip_find_links(tmp_path, sdist):
