@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Count the RFC's prose words: python3 rfc/wordcount.py [FILE ...] (default: the RFC and its appendices).
+"""Count the RFC's prose words, body and appendices: python3 rfc/wordcount.py [FILE]
+(default: rfc/zero3-parameter-lifecycle.md). The body ends at the first "## Appendix" heading.
 
 Fenced blocks are dropped (code, sequence and graphviz diagrams, generated tables) except the
 bodies of {invariant} blocks, which are prose; directive options (":caption: ...") are dropped;
@@ -35,6 +36,8 @@ def prose_words(text):
 
 
 if __name__ == "__main__":
-    paths = sys.argv[1:] or [HERE / "zero3-parameter-lifecycle.md", HERE / "appendices.md"]
-    for path in paths:
-        print(f"{prose_words(pathlib.Path(path).read_text(encoding='utf-8')):6d}  {path}")
+    path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "zero3-parameter-lifecycle.md"
+    text = path.read_text(encoding="utf-8")
+    split = re.search(r"(?m)^## Appendix", text)
+    body, appendices = (text[:split.start()], text[split.start():]) if split else (text, "")
+    print(f"{path}: body {prose_words(body)} words, appendices {prose_words(appendices)} words")
