@@ -108,7 +108,7 @@ def test_frozen_norm_deepspeed_defaults(scenario):
 
 
 @pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I6")
+@pytest.mark.invariants("I1")
 def test_frozen_norm_reentrant_unchanged(scenario):
     """use_reentrant=True worked before the series and must keep working."""
     scenario(f"{FROZEN}:frozen_norm", checkpointing="reentrant")
@@ -129,7 +129,7 @@ def test_frozen_linear_weight_zero_init(scenario):
 
 
 @pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I6")
+@pytest.mark.invariants("I1")
 def test_frozen_linear_weight_plain(scenario):
     """A plain nn.Linear saves a transposed view, which partitioning does not shrink: a guard."""
     scenario(f"{FROZEN}:frozen_linear_weight", zero_init=False)
@@ -152,7 +152,7 @@ def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
 
 
 @pytest.mark.needs_patch(5)
-@pytest.mark.invariants("I1", "I6", "I7")
+@pytest.mark.invariants("I1", "I7")
 def test_persistent_norms_stay_gathered(scenario):
     """Frozen persistent norms: released while the first step records the trace, as v0.19.2 does
     for every persistent parameter, held by the recompute like any frozen parameter, gathered for
@@ -161,7 +161,7 @@ def test_persistent_norms_stay_gathered(scenario):
 
 
 @pytest.mark.needs_patch(5)
-@pytest.mark.invariants("I1", "I11")
+@pytest.mark.invariants("I1", "I2")
 def test_z3_leaf_module_with_several_outputs(scenario):
     """A z3 leaf returning two tensors, followed in its checkpointed region by an op that saves
     them (without one, early stop ends the recompute inside the leaf and v0.19.2 survives)."""
@@ -219,7 +219,7 @@ def test_external_parameters(scenario):
 
 
 @pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I6")
+@pytest.mark.invariants("I1", "I4")
 def test_reentrant_frozen_module_fed_detached_tensor(scenario):
     scenario(f"{FROZEN}:reentrant_detached_frozen")
 
@@ -232,7 +232,7 @@ def test_frozen_peak_is_one_block(scenario, checkpointing):
 
 
 @pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I4", "I6")
+@pytest.mark.invariants("I4")
 def test_frozen_peak_is_one_block_reentrant(scenario):
     scenario(f"{FROZEN}:frozen_peak", checkpointing="reentrant")
 
@@ -251,7 +251,7 @@ def test_prompt_release_without_backward_consumer(scenario):
 
 
 @pytest.mark.needs_patch(5)
-@pytest.mark.invariants("I10")
+@pytest.mark.invariants("I2", "I10")
 def test_frozen_all_gather_volume_matches_no_checkpointing(scenario):
     scenario(f"{FROZEN}:all_gather_volume")
 
@@ -264,7 +264,6 @@ def test_embedding_without_backward_not_gathered_in_backward(scenario, checkpoin
 
 
 @pytest.mark.needs_patch(5)
-@pytest.mark.invariants("I2")
 def test_undetectable_recompute_warns_and_keeps_checkpoint_error(scenario):
     scenario(f"{FROZEN}:undetectable_recompute")
 
@@ -366,6 +365,5 @@ def test_full_finetune_release_order_unchanged(scenario, settings, checkpointing
 
 
 @pytest.mark.needs_patch(0)
-@pytest.mark.invariants("I6")
 def test_eval_forward_unchanged(scenario):
     scenario(f"{FROZEN}:eval_forward")
