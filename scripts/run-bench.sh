@@ -3,6 +3,8 @@
 #   series        v0.19.2 + the series, non-reentrant checkpointing on every decoder layer
 #   reentrant     pristine v0.19.2 with use_reentrant=True (the downstream workaround)
 #   no-ckpt       pristine v0.19.2 without checkpointing (the reference)
+#   nocheck       pristine v0.19.2 non-reentrant with determinism_check="none" (the check that raises off)
+#   minimal-skip  pristine v0.19.2 non-reentrant with PR 8130's minimal coordinator skip (emulated)
 #   nonreentrant  pristine v0.19.2 non-reentrant: the crash this project fixes, reported as such
 #                 (once); and the tree in $ZERO3_BENCH_UPSTREAM_TREE (e.g. an unpacked 0.19.8
 #                 sdist), when set
@@ -29,7 +31,8 @@ mkdir -p "$out"
 bash scripts/apply.sh v0.19.2 --dest build/deepspeed-v0.19.2-bench
 bash scripts/apply.sh v0.19.2 --pristine --dest build/deepspeed-v0.19.2-bench-pristine
 runs=("series=build/deepspeed-v0.19.2-bench" "reentrant=build/deepspeed-v0.19.2-bench-pristine"
-      "no-ckpt=build/deepspeed-v0.19.2-bench-pristine")
+      "no-ckpt=build/deepspeed-v0.19.2-bench-pristine" "nocheck=build/deepspeed-v0.19.2-bench-pristine"
+      "minimal-skip=build/deepspeed-v0.19.2-bench-pristine")
 if [[ -n ${ZERO3_BENCH_FOLLOWUP:-} ]]; then
     followup=$ZERO3_BENCH_FOLLOWUP
     [[ -f patches/$followup/series ]] || {
@@ -47,10 +50,10 @@ if [[ -n ${ZERO3_BENCH_UPSTREAM_TREE:-} ]]; then
     }
     runs+=("nonreentrant=$ZERO3_BENCH_UPSTREAM_TREE")
 fi
-selected=" ${ZERO3_BENCH_VARIANTS:-series reentrant no-ckpt nonreentrant followup crash} "
+selected=" ${ZERO3_BENCH_VARIANTS:-series reentrant no-ckpt nocheck minimal-skip nonreentrant followup crash} "
 for name in $selected; do
     case $name in
-        series | reentrant | no-ckpt | nonreentrant | followup | crash) ;;
+        series | reentrant | no-ckpt | nocheck | minimal-skip | nonreentrant | followup | crash) ;;
         *) echo "run-bench.sh: ZERO3_BENCH_VARIANTS: unknown variant '$name'" >&2; exit 2 ;;
     esac
 done

@@ -50,6 +50,25 @@ def test_bench_smoke_on_cpu(tmp_path):
     assert "Follow-up vs its pristine release:" in table
 
 
+@pytest.mark.parametrize("variant", ["nocheck", "minimal-skip"])
+def test_alternative_variants_run_on_cpu(tmp_path, variant):
+    """The fairness variants (determinism_check="none", PR 8130's skip) reach the model: on the
+    series tree they must train like the series; on pristine v0.19.2 the GPU run measures them."""
+    pytest.importorskip("peft")
+    out = tmp_path / f"{variant}.json"
+    subprocess.run([
+        sys.executable,
+        str(BENCH), "--variant", variant, "--out",
+        str(out), "--layers", "2", "--hidden", "256", "--seq", "32", "--batch", "2", "--steps", "1", "--warmup", "1"
+    ],
+                   env=dict(os.environ, DS_ACCELERATOR="cpu"),
+                   check=True,
+                   timeout=600)
+    result = json.loads(out.read_text())
+    assert "error" not in result, result["error"]
+    assert result["variant"] == variant and result["allgather_gib_per_step"]["frozen"] > 0
+
+
 def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     pytest.importorskip("peft")
     script = ROOT / "scripts" / "profile_host_overhead.py"
