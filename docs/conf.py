@@ -19,6 +19,7 @@ extensions = [
     "sphinx.ext.graphviz",
     "invariants",
     "sequence",
+    "diagram_links",
     "generated",
 ]
 
@@ -38,6 +39,8 @@ invariants_root = ".."
 invariants_test_globs = ["tests/**/*.py"]
 invariants_patch_globs = ["patches/v0.19.2/[0-9]*.patch"]
 invariants_require_tests = True
+# The tests of each invariant are listed once, on the test-matrix page; the RFC links there.
+invariants_tests_page = "test-matrix"
 
 # Measured inputs (see _generated/README.md).
 generated_dir = "_generated"

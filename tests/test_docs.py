@@ -12,6 +12,7 @@ Environment knobs for development:
   DOCS_SPHINX_ARGS  extra sphinx-build arguments, e.g. "-D generated_dir=/tmp/gen".
 """
 
+import html
 import html.parser
 import json
 import os
@@ -385,7 +386,9 @@ def test_build_renders_invariants_with_their_tests(tmp_path):
     assert run.returncode == 0, run.stderr
     page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
     assert 'id="invariant-i1"' in page
-    assert "tests/test_mini.py::test_a" in page
+    # test ids may wrap only after "_", "/", "::" (a <wbr> there), never inside a word
+    assert '<span class="pre">tests/</span><wbr><span class="pre">test_</span><wbr><span class="pre">mini.py::</span>' in page
+    assert re.sub(r"<[^>]+>", "", page).count("tests/test_mini.py::test_a") == 2  # invariant + table
     assert 'href="#invariant-i1"' in page
 
 
@@ -492,6 +495,63 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
     for inv in declared:
         assert f"invariant-{inv.lower()}" in dom.ids
     assert "no test yet" not in run.stdout
+
+
+# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams).
+RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html"]
+THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
+# (name, window size): a desktop, and the narrowest window headless Chromium lays out (about
+# 500 px: it does not go lower, so a phone's 390 px is approximated by furo's mobile layout at 500).
+WIDTHS = [("desktop", "1280,900"), ("phone", "390,844")]
+RENDER_CHECK = Path(__file__).with_name("docs_render_check.js")
+
+
+def _measure(browser, page, theme, size, profile):
+    """Loads a copy of page (beside it, so relative links resolve) with docs_render_check.js and
+    returns what it measured."""
+    probe = page.with_name(f"_render_check_{theme}_{page.name}")
+    text = page.read_text(encoding="utf-8")
+    script = f"<script>const THEME = {json.dumps(theme)};\n{RENDER_CHECK.read_text(encoding='utf-8')}</script>"
+    probe.write_text(text.replace("</body>", script + "</body>", 1), encoding="utf-8")
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--allow-file-access-from-files", "--hide-scrollbars", f"--window-size={size}",
+           "--virtual-time-budget=15000", f"--user-data-dir={profile}", "--dump-dom", probe.as_uri()]
+    try:
+        for _ in range(3):  # the load event occasionally misses chromium's dump; it is measured again
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            found = re.findall(r'<pre id="render-check">(.*?)</pre>', run.stdout, re.S)
+            if found:
+                return json.loads(html.unescape(found[-1]))
+    finally:
+        probe.unlink()
+    pytest.fail(f"chromium did not measure {page.name} ({theme}, {size}):\n{run.stderr[-2000:]}")
+
+
+@pytest.mark.parametrize("width", [w for w, _ in WIDTHS])
+@pytest.mark.parametrize("theme", THEMES)
+def test_rendered_pages(site, tmp_path_factory, theme, width):
+    """What a reader sees, measured in Chromium in both furo themes at a desktop and a phone width:
+    no table or figure is wider than the column unless it scrolls in a box with a visible cue (edge
+    shadows), the page never scrolls sideways, the text this project colours has a WCAG contrast of
+    at least 4.5:1 against its computed background, and diagram labels are drawn at 9 px or more."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    need(browser, "Headless Chromium", "apt-get install -y chromium")
+    # A copy: the probe pages are written beside the measured ones, never into the build itself.
+    copy = tmp_path_factory.mktemp("site") / "html"
+    shutil.copytree(site, copy)
+    size = dict(WIDTHS)[width]
+    problems, counts = [], {}
+    for name in RENDERED_PAGES:
+        result = _measure(browser, copy / name, theme, size, tmp_path_factory.mktemp("chromium"))
+        assert result["theme"] == theme
+        counts[name] = result["counts"]
+        problems += [f"{name}: {p}" for p in result["problems"]]
+    print(f"{theme} {width}: {counts}")
+    # The checks must have had something to check: the RFC's diagrams and the matrix's outcomes.
+    assert counts["rfc.html"]["diagrams"] == _expected_diagrams()
+    assert counts["test-matrix.html"]["contrast"] > 0
+    assert not problems, f"rendering problems ({theme}, {width} {size}):\n" + "\n".join(problems)
 
 
 def _built_pages(site):

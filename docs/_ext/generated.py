@@ -203,7 +203,7 @@ def setup(app):
         optional_arguments = 1
 
         def run(self):
-            from invariants import invariant_ref  # rendered as links to the RFC's invariants
+            from invariants import breakable_literal, invariant_ref  # links to the RFC's invariants
 
             name = self.arguments[0] if self.arguments else "test-matrix.json"
             path = generated_path(self.env, name)
@@ -241,7 +241,7 @@ def setup(app):
                 para = nodes.paragraph()
                 para += nodes.strong(text=sc["title"])
                 entry += para
-                entry += nodes.paragraph("", "", nodes.literal(text=sc["id"]))
+                entry += nodes.paragraph("", "", breakable_literal(sc["id"]))
                 row += entry
                 row += nodes.entry("", nodes.paragraph(text=sc["checks"]))
                 entry = nodes.entry()
