@@ -35,6 +35,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 import invariant_scan  # noqa: E402
 import sequence  # noqa: E402
+import stamps  # noqa: E402
 from generated import MatrixError, load_matrix, read_series  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -318,6 +319,86 @@ def test_sequence_parse_and_layout():
 def test_sequence_syntax_errors(rows, message):
     with pytest.raises(sequence.SequenceSyntaxError, match=re.escape(message)):
         sequence.parse("a = A; b = B", rows)
+
+
+# --------------------------------------------------------------------------- stamps of generated inputs
+
+
+def _series_dir(tmp_path, name="v0.19.2", patches=(PATCH, )):
+    directory = tmp_path / "patches" / name
+    directory.mkdir(parents=True)
+    names = []
+    for i, text in enumerate(patches, 1):
+        names.append(f"{i:04d}-p.patch")
+        (directory / names[-1]).write_text(text)
+    (directory / "series").write_text("\n".join(names) + "\n")
+    return directory
+
+
+def _png_bytes():
+    # the smallest valid PNG: a 1x1 grey pixel
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b""))
+
+
+def test_stamps_round_trip_in_markdown_json_and_png(tmp_path):
+    series = _series_dir(tmp_path)
+    stamp = stamps.make(series, "0.19.2", ["v0.19.2", "series"], "make it")
+    assert stamp["series"] == "v0.19.2" and stamp["patches"] == 1 and re.fullmatch(r"[0-9a-f]{12}", stamp["series_id"])
+    # re-exporting an unchanged patch (another commit id and date) keeps the id: git patch-id
+    reexported = PATCH.replace("0123456789abcdef", "fedcba9876543210").replace("2.39.5", "2.43.0")
+    assert stamps.series_id_of([reexported]) == stamp["series_id"]
+    assert stamps.series_id_of([PATCH.replace("+new = 2", "+new = 3")]) != stamp["series_id"]
+    md, js, png = tmp_path / "t.md", tmp_path / "t.json", tmp_path / "t.png"
+    md.write_text("| a |\n|---|\n| 1 |\n")
+    js.write_text('{"schema": "x"}')
+    png.write_bytes(_png_bytes())
+    for path in (md, js, png):
+        assert stamps.read(path) is None
+        stamps.write(path, stamp)
+        stamps.write(path, stamp)  # replaces, never stacks
+        assert stamps.read(path) == stamp
+    assert md.read_text().count("zero3-stamp") == 1 and stamps.strip_markdown(md.read_text()).startswith("| a |")
+    assert json.loads(js.read_text())["schema"] == "x"
+    assert png.read_bytes().endswith(_png_bytes()[-12:])  # IEND stays last
+
+
+def test_stamp_check_names_stale_inputs_and_their_command(tmp_path):
+    series = _series_dir(tmp_path)
+    generated = tmp_path / "generated"
+    (generated / "runs").mkdir(parents=True)
+    current = stamps.make(series, "0.19.2", ["series"], "regenerate-current")
+    old = dict(current, series_id="0123456789ab", patches=4, command="run the GPU bench")
+    for name, stamp in (("fresh.md", current), ("stale.md", old), ("runs/r.json", old)):
+        path = generated / name
+        path.write_text("{}" if name.endswith(".json") else "text\n")
+        stamps.write(path, stamp)
+    (generated / "bare.md").write_text("no stamp\n")
+    (generated / "README.md").write_text("not an input\n")
+    problems = stamps.check(generated, tmp_path / "patches", {})
+    assert len(problems) == 3, problems
+    assert any("bare.md carries no stamp" in p for p in problems)
+    stale = next(p for p in problems if "stale.md" in p)
+    assert "0123456789ab (4 patches)" in stale and current["series_id"] in stale
+    assert stale.endswith("Regenerate it with: run the GPU bench")
+    # Listed as historical (a file, or a directory/), a stale input passes; a current one may not be listed.
+    problems = stamps.check(generated, tmp_path / "patches", {"stale.md": "GPU", "runs/": "GPU", "fresh.md": "x"})
+    assert len(problems) == 2 and any("fresh.md matches the current series" in p for p in problems)
+    assert any("bare.md" in p for p in problems)
+
+
+def test_generated_inputs_carry_the_current_series_stamp():
+    """The committed inputs: every one stamped, and stale ones only where conf.py labels them."""
+    conf = {"__file__": str(DOCS / "conf.py")}
+    exec(compile((DOCS / "conf.py").read_text(encoding="utf-8"), str(DOCS / "conf.py"), "exec"), conf)
+    problems = stamps.check(DOCS / "_generated", ROOT / "patches", conf["generated_historical"])
+    assert not problems, "\n".join(problems)
 
 
 # --------------------------------------------------------------------------- troubleshooting page
