@@ -20,6 +20,7 @@ extensions = [
     "invariants",
     "sequence",
     "diagram_links",
+    "tables",
     "generated",
 ]
 

@@ -111,6 +111,12 @@
     }
     out.counts.wide = wide;
 
+    // 2b. No table starts with a blank header row (a Markdown key/value table's `| | |`).
+    for (const head of column.querySelectorAll("thead")) {
+      if (!head.textContent.trim())
+        out.problems.push(`${describe(head.closest("table"))} starts with an empty header row`);
+    }
+
     // 3. Contrast of the text this project styles.
     let checked = 0;
     for (const selector of CUSTOM_TEXT) {
