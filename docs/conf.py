@@ -54,8 +54,6 @@ generated_historical = {
     "bench.png": _GPU_BENCH,
     "bench-batch16.md": _GPU_BENCH,
     "bench-runs/": _GPU_BENCH,
-    "cpu-bookkeeping.md": ("Runs on CPU, but needs the upstream 0.19.3 sdist beside the v0.19.2 trees; "
-                           "not yet re-run on the eight-patch series."),
     # A re-run on the shared 2-core build machine (load average 5) measured 9x the step time, all of
     # it in matmul: a host profile needs an otherwise idle machine, so the old one stays, labelled.
     "host-overhead.md": ("A host-time profile needs an otherwise idle machine; the build machines are "

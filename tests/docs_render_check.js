@@ -1,6 +1,7 @@
 // Measures a built page in the browser for tests/test_docs.py (test_rendered_pages).
-// tests/test_docs.py appends this script to a copy of the page with THEME set, and reads the JSON
-// it writes into the element #render-check, from chromium's --dump-dom. Everything is measured from
+// tests/test_docs.py appends this script to a copy of the page with THEME set, loads that copy in
+// an iframe of the width under test, and reads the JSON the frame posts back (written into the
+// outer page's #render-check) from chromium's --dump-dom. Everything is measured from
 // computed styles and layout boxes, so it checks what a reader sees, not what the CSS says.
 (function () {
   "use strict";
@@ -158,12 +159,14 @@
     }
     out.counts.diagrams = diagrams;
 
+    // The page is measured inside an iframe of the width under test (headless Chromium's window
+    // is never narrower than 500 px); the page holding the frame copies this element out.
     const pre = document.createElement("pre");
-    pre.id = "render-check";
+    pre.id = "render-result";
     pre.textContent = JSON.stringify(out);
     document.body.appendChild(pre);
   }
 
   document.body.dataset.theme = THEME;
-  window.addEventListener("load", () => requestAnimationFrame(() => setTimeout(measure, 50)));
+  window.addEventListener("load", () => setTimeout(measure, 0));
 })();

@@ -581,23 +581,36 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
 # Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams).
 RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html"]
 THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
-# (name, window size): a desktop, and the narrowest window headless Chromium lays out (about
-# 500 px: it does not go lower, so a phone's 390 px is approximated by furo's mobile layout at 500).
-WIDTHS = [("desktop", "1280,900"), ("phone", "390,844")]
+# (name, CSS px): a desktop, and a phone. The page is loaded in an iframe of that width, since
+# headless Chromium does not open a window narrower than 500 px.
+WIDTHS = [("desktop", 1280), ("phone", 390)]
 RENDER_CHECK = Path(__file__).with_name("docs_render_check.js")
+_FRAME = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="{src}" style="border:0;width:{width}px;height:900px"></iframe>
+<script>
+function copy() {{  // the measured page writes #render-result; poll until it is there
+  const doc = document.querySelector("iframe").contentDocument;
+  const result = doc && doc.getElementById("render-result");
+  if (!result) {{ setTimeout(copy, 20); return; }}
+  const pre = document.createElement("pre"); pre.id = "render-check"; pre.textContent = result.textContent;
+  document.body.appendChild(pre);
+}}
+copy();</script></body></html>"""
 
 
-def _measure(browser, page, theme, size, profile):
-    """Loads a copy of page (beside it, so relative links resolve) with docs_render_check.js and
-    returns what it measured."""
+def _measure(browser, page, theme, width, profile):
+    """Loads a copy of page (beside it, so relative links resolve) with docs_render_check.js, in an
+    iframe `width` CSS px wide, and returns what it measured."""
     probe = page.with_name(f"_render_check_{theme}_{page.name}")
+    frame = page.with_name(f"_render_frame_{theme}_{page.name}")
     text = page.read_text(encoding="utf-8")
     script = f"<script>const THEME = {json.dumps(theme)};\n{RENDER_CHECK.read_text(encoding='utf-8')}</script>"
     probe.write_text(text.replace("</body>", script + "</body>", 1), encoding="utf-8")
+    frame.write_text(_FRAME.format(src=probe.name, width=width), encoding="utf-8")
     cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--allow-file-access-from-files", "--hide-scrollbars", f"--window-size={size}",
-           "--virtual-time-budget=15000", f"--user-data-dir={profile}", "--dump-dom", probe.as_uri()]
+           "--allow-file-access-from-files", "--hide-scrollbars", f"--window-size={width + 40},1000",
+           "--virtual-time-budget=15000", f"--user-data-dir={profile}", "--dump-dom", frame.as_uri()]
     try:
         for _ in range(3):  # the load event occasionally misses chromium's dump; it is measured again
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -606,7 +619,8 @@ def _measure(browser, page, theme, size, profile):
                 return json.loads(html.unescape(found[-1]))
     finally:
         probe.unlink()
-    pytest.fail(f"chromium did not measure {page.name} ({theme}, {size}):\n{run.stderr[-2000:]}")
+        frame.unlink()
+    pytest.fail(f"chromium did not measure {page.name} ({theme}, {width} px):\n{run.stderr[-2000:]}")
 
 
 @pytest.mark.parametrize("width", [w for w, _ in WIDTHS])
@@ -625,14 +639,14 @@ def test_rendered_pages(site, tmp_path_factory, theme, width):
     problems, counts = [], {}
     for name in RENDERED_PAGES:
         result = _measure(browser, copy / name, theme, size, tmp_path_factory.mktemp("chromium"))
-        assert result["theme"] == theme
+        assert result["theme"] == theme and result["width"] == size, result
         counts[name] = result["counts"]
         problems += [f"{name}: {p}" for p in result["problems"]]
     print(f"{theme} {width}: {counts}")
     # The checks must have had something to check: the RFC's diagrams and the matrix's outcomes.
     assert counts["rfc.html"]["diagrams"] == _expected_diagrams()
     assert counts["test-matrix.html"]["contrast"] > 0
-    assert not problems, f"rendering problems ({theme}, {width} {size}):\n" + "\n".join(problems)
+    assert not problems, f"rendering problems ({theme}, {width}, {size} px):\n" + "\n".join(problems)
 
 
 def _built_pages(site):
