@@ -1,5 +1,10 @@
 """Tests of the documentation site: its Sphinx extensions, the built pages, and their links.
 
+The rendered pages are measured in headless Chromium (test_rendered_pages, with
+docs_render_check.js): both furo themes, 1280 and 390 px, widths of tables and figures against
+the column, WCAG contrast of this project's styled text, diagram label sizes. The generated
+inputs' stamps are checked against the series in patches/ (docs/_ext/stamps.py).
+
 The unit tests of the extensions' collection logic need only the standard library.  The
 build tests need Sphinx (docs/requirements.txt; the tox env ``docs`` has it) and are
 skipped without it.  Where Sphinx is installed they also need Graphviz's ``dot`` and, for
