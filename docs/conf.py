@@ -19,6 +19,8 @@ extensions = [
     "sphinx.ext.graphviz",
     "invariants",
     "sequence",
+    "diagram_links",
+    "tables",
     "generated",
 ]
 
@@ -38,9 +40,26 @@ invariants_root = ".."
 invariants_test_globs = ["tests/**/*.py"]
 invariants_patch_globs = ["patches/v0.19.2/[0-9]*.patch"]
 invariants_require_tests = True
+# The tests of each invariant are listed once, on the test-matrix page; the RFC links there.
+invariants_tests_page = "test-matrix"
 
-# Measured inputs (see _generated/README.md).
+# Measured inputs (see _generated/README.md). Each carries a stamp of the series revision it
+# measured; the build fails when one differs from patches/ now (docs/_ext/stamps.py), except for
+# the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
+_GPU_BENCH = ("Measured on 2 H200s; this machine has no GPU, so it is kept, labelled, until "
+              "the benchmark is run again on the current series.")
+generated_historical = {
+    "bench.md": _GPU_BENCH,
+    "bench.png": _GPU_BENCH,
+    "bench-batch16.md": _GPU_BENCH,
+    "bench-runs/": _GPU_BENCH,
+    # A re-run on the shared 2-core build machine (load average 5) measured 9x the step time, all of
+    # it in matmul: a host profile needs an otherwise idle machine, so the old one stays, labelled.
+    "host-overhead.md": ("A host-time profile needs an otherwise idle machine; the build machines are "
+                         "shared. Not yet re-run on the eight-patch series."),
+    "host-overhead-runs/": "The run files of host-overhead.md.",
+}
 
 html_theme = "furo"
 html_title = "zero3-frozen-ckpt"

@@ -26,7 +26,20 @@ import sys
 import time
 
 # the all-gather counter is shared with the test scenarios
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
+import stamps  # noqa: E402  (the series revision a run measured: docs/generated-inputs.md)
+
+RUN_COMMAND = "on GPUs: tox -e bench (scripts/run-bench.sh), which ends with scripts/bench_lifecycle.py --report"
+
+def run_stamp(variant, deepspeed_version):
+    """The stamp of one run: the series this checkout's patches/ holds (v0.19.8's follow-up for the
+    followup variant, v0.19.2's for the others), which is what scripts/apply.sh built the trees from."""
+    series = "v0.19.8" if variant == "followup" else "v0.19.2"
+    tree = os.path.basename(os.environ.get("PYTHONPATH", "").rstrip("/")) or "installed"
+    return stamps.make(stamps.Path(ROOT) / "patches" / series, deepspeed_version, [tree], RUN_COMMAND)
+
 
 VARIANTS = {
     "series": "nonreentrant",
@@ -253,6 +266,7 @@ def run_rank(rank, args):
     record[0] = False  # the timeline is the last timed step's, not the profiled step's
     profile = profile_step(engine, ids, accelerator) if args.profile else None
     result = {
+        "stamp": run_stamp(args.variant, deepspeed.__version__.strip()),
         "variant": args.variant,
         "tree": os.environ.get("PYTHONPATH", ""),
         "deepspeed": deepspeed.__version__,
@@ -317,7 +331,8 @@ def run_variant(args):
     except Exception as error:  # a crash (pristine non-reentrant) is a result too
         summary = exception_summary(str(error))
         with open(args.out, "w") as out:
-            failure = {"variant": args.variant, "tree": os.environ.get("PYTHONPATH", ""), "error": summary}
+            failure = {"stamp": run_stamp(args.variant, "see tree"), "variant": args.variant,
+                       "tree": os.environ.get("PYTHONPATH", ""), "error": summary}
             json.dump(failure, out, indent=1)
         print(f"{args.variant}: failed: {summary}", file=sys.stderr)
 
@@ -331,6 +346,19 @@ def exception_summary(text, limit=300):
             message = " ".join(part.strip() for part in lines[i:i + 3])
             return message[:limit]
     return (lines[-1] if lines else "unknown error")[:limit]
+
+
+def short_error(message, words=6):
+    """A failure as the table shows it: the exception's class and the start of its reason. The
+    whole message goes into a numbered note under the table, so that the figures' columns of the
+    other rows are not pushed off screen by a 300-character cell."""
+    match = re.match(r"^([\w.]+)(?::\s*(.*))?$", message.strip(), re.S)
+    if not match:
+        return message[:60]
+    name, reason = match.group(1).rsplit(".", 1)[-1], (match.group(2) or "")
+    reason = re.sub(r"^[\w.]+:\s*", "", reason)  # "torch.utils.checkpoint: Recomputed ..."
+    head = reason.split()
+    return name + (": " + " ".join(head[:words]) + (" …" if len(head) > words else "") if head else "")
 
 
 def group_runs(results):
@@ -428,7 +456,30 @@ def followup_targets(summaries):
     return lines
 
 
-def report(paths, md_path, png_path):
+def report_stamp(results):
+    """The report's stamp, from its runs': they must all have measured one revision of the series."""
+    runs = [r["stamp"] for r in results if "stamp" in r]
+    if len(runs) != len(results):
+        sys.exit("bench_lifecycle.py: some runs carry no stamp (made before stamps existed): stamp them with "
+                 "scripts/stamp-generated.py --patches-at COMMIT:DIR, COMMIT being the revision they measured")
+    # a follow-up report is about the follow-up series; its no-checkpointing floor runs on v0.19.2
+    primary = "v0.19.8" if any(r.get("variant") == "followup" for r in results) else "v0.19.2"
+    ids = {(r["series"], r["series_id"]) for r in runs if r["series"] == primary} or {
+        (r["series"], r["series_id"]) for r in runs}
+    if len(ids) != 1:
+        sys.exit(f"bench_lifecycle.py: the runs measured different series revisions {sorted(ids)}: report them apart")
+    series, series_id = ids.pop()
+    first = next(r for r in runs if (r["series"], r["series_id"]) == (series, series_id))
+    trees = []
+    for r in results:
+        name = os.path.basename(r.get("tree", "").rstrip("/")) or "installed"
+        if name not in trees:
+            trees.append(name)
+    versions = sorted({r["deepspeed"].strip() for r in results if "deepspeed" in r})
+    return dict(first, trees=trees, deepspeed=", ".join(versions), command=RUN_COMMAND)
+
+
+def report(paths, md_path, png_path, caption=None):
     results = [json.load(open(p)) for p in paths]
     groups = group_runs(results)
     lines = [
@@ -442,10 +493,13 @@ def report(paths, md_path, png_path):
         "gathered on demand fwd / recompute / bwd (GiB) | trace invalidations | allocator retries |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    notes = []  # full failure messages, numbered
     for (variant, tree), runs in groups.items():
         s = summarize(runs)
         if s is None:
-            lines.append(f"| {variant} | {tree} | {len(runs)} | failed: {runs[0]['error']} | | | | | | |")
+            notes.append(f"{variant} on {tree}: `{runs[0]['error']}`")
+            lines.append(f"| {variant} | {tree} | {len(runs)} | failed: {short_error(runs[0]['error'])} "
+                         f"(note {len(notes)}) | | | | | | |")
             continue
         summaries["upstream" if variant == "nonreentrant" else variant] = s
         version = s["first"]["deepspeed"].strip()
@@ -465,11 +519,26 @@ def report(paths, md_path, png_path):
         timing.append(f"| {variant} | {tree} | {p['forward']:.3f} | {p['backward']:.3f} | {p['optimizer']:.3f} | "
                       f"{waits} | {demand} | {c.get('trace_invalidations', 0):.0f} | {s['alloc_retries']} |")
     ok = [s["first"] for s in summaries.values()]
+    stamp = report_stamp(results)
+    if notes:
+        lines += [""] + [f"{i}. {note}" for i, note in enumerate(notes, 1)]
     if ok:
         r = ok[0]
+        trees = {}
+        for run in results:
+            name = os.path.basename(run.get("tree", "").rstrip("/")) or "installed"
+            if "deepspeed" not in run:
+                continue
+            text = f"DeepSpeed {run['deepspeed'].strip()}"
+            if run["variant"] in ("series", "followup"):  # the tree apply.sh patched with the series
+                text += (f" + patches/{run['stamp']['series']} at series id {run['stamp']['series_id']} "
+                         f"({run['stamp']['patches']} patches)")
+            trees.setdefault(name, text)
         lines += [
             "",
-            f"{r['gpu']} × {r['world_size']}, torch {r['torch']}, DeepSpeed {r['deepspeed'].strip()}; Llama "
+            f"Trees: {'; '.join(f'{name} = {text}' for name, text in trees.items())}.",
+            "",
+            f"{r['gpu']} × {r['world_size']}, torch {r['torch']}; Llama "
             f"{r['shape']['layers']} layers, hidden {r['shape']['hidden']}, sequence {r['shape']['seq']}, "
             f"{r['shape']['batch']} per GPU, LoRA r=16 on q/k/v/o, bf16, ZeRO-3 defaults; step time over "
             f"{r['step_s']['n']} steps after warm-up in each run, runs as separate processes; all-gather "
@@ -479,23 +548,32 @@ def report(paths, md_path, png_path):
             "`fetch_sub_module`; on demand means the fetch found the parameter not prefetched):",
             "",
         ] + timing + ["", "Targets:", ""] + targets(summaries)
+    if caption:  # a captioned table (MyST's table directive), so the page names what it shows
+        end = lines.index("")
+        lines[:end] = [f":::{{table}} {caption}"] + lines[:end] + [":::"]
     with open(md_path, "w") as md:
-        md.write("\n".join(lines) + "\n")
+        md.write(stamps.stamp_markdown("\n".join(lines) + "\n", stamp))
     if png_path and ok:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
         for s in summaries.values():
             # reentrant checkpointing runs the layers' forward hooks again in backward: scale each
             # timeline to the step so that forward and backward line up across variants
             n = max(len(s["timeline"]) - 1, 1)
-            ax.plot([i / n for i in range(len(s["timeline"]))], s["timeline"], label=s["label"])
+            line, = ax.plot([i / n for i in range(len(s["timeline"]))], s["timeline"],
+                            label=f"{s['label']}: peak {s['peak_gib']:.2f} GiB")
+            # The timeline is sampled only at decoder-layer boundaries; the peak inside a layer (the
+            # table's peak alloc) is higher. Draw that peak too, so the plot does not understate it.
+            ax.axhline(s["peak_gib"], color=line.get_color(), linestyle="--", linewidth=1)
         ax.set_xlabel("progress through one step: decoder-layer forward ends, then backward starts (scaled)")
         ax.set_ylabel("allocated GiB (rank 0)")
-        ax.legend()
+        ax.set_title("solid: allocated at decoder-layer boundaries; dashed: the allocator's peak in the step",
+                     fontsize=9)
+        ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(png_path, dpi=120)
+        fig.savefig(png_path, dpi=120, metadata={stamps.KEY: json.dumps(stamp)})
 
 
 def main():
@@ -513,11 +591,12 @@ def main():
     parser.add_argument("--report", nargs="+", metavar="JSON")
     parser.add_argument("--md")
     parser.add_argument("--png")
+    parser.add_argument("--caption", help="caption of the report's main table")
     args = parser.parse_args()
     if args.report:
         if not args.md:
             parser.error("--report needs --md")
-        report(args.report, args.md, args.png)
+        report(args.report, args.md, args.png, args.caption)
     elif args.variant and args.out:
         run_variant(args)
     else:

@@ -13,28 +13,71 @@ import ast
 import datetime
 import json
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+import stamps  # noqa: E402
 TEST_FILES = ["tests/test_frozen_ckpt.py", "tests/test_hf_llama_peft.py"]
 OUTCOMES = {"passed": "passed", "failed as expected": "failed", "failed": "failed"}
 
 
+def first_sentence(doc):
+    """The docstring's first sentence (it may span lines), for the matrix's "What it checks"."""
+    text = " ".join(doc.split("\n\n", 1)[0].split())
+    match = re.match(r"(.+?[.!?])(\s|$)", text)
+    return match.group(1) if match else text
+
+
+def scenario_docstring(node, constants):
+    """The docstring of the scenario a test runs: most tests are one call such as
+    scenario(f"{FROZEN}:lora", ...), whose scenario function (tests/scenarios/frozen_ckpt.py:lora)
+    documents what is checked."""
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call) or not call.args:
+            continue
+        target = call.args[0]
+        if isinstance(target, ast.JoinedStr):
+            text = "".join(
+                constants.get(part.value.id, "") if isinstance(part, ast.FormattedValue)
+                and isinstance(part.value, ast.Name) else getattr(part, "value", "") for part in target.values)
+        elif isinstance(target, ast.Constant) and isinstance(target.value, str):
+            text = target.value
+        else:
+            continue
+        module, sep, function = text.partition(":")
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if not sep or not path.is_file():
+            continue
+        for item in ast.parse(path.read_text()).body:
+            if isinstance(item, ast.FunctionDef) and item.name == function:
+                return ast.get_docstring(item) or ""
+    return ""
+
+
 def test_metadata():
-    """function name -> (first docstring line, invariants) for the scenario tests."""
+    """function name -> (first docstring sentence, invariants) for the scenario tests: the test's
+    own docstring, else that of the scenario function it runs."""
     meta = {}
     for name in TEST_FILES:
         tree = ast.parse((ROOT / name).read_text())
+        constants = {
+            node.targets[0].id: node.value.value
+            for node in tree.body if isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        }
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
                 continue
-            doc = (ast.get_docstring(node) or "").strip().splitlines()
+            doc = (ast.get_docstring(node) or scenario_docstring(node, constants)).strip()
             invariants = []
             for decorator in node.decorator_list:
                 if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
                         and decorator.func.attr == "invariants"):
                     invariants += [arg.value for arg in decorator.args if isinstance(arg, ast.Constant)]
-            meta[node.name] = (doc[0] if doc else "", invariants)
+            meta[node.name] = (first_sentence(doc), invariants)
     return meta
 
 
@@ -43,6 +86,7 @@ def main():
     parser.add_argument("runs", nargs="+", metavar="COLUMN=PATH")
     parser.add_argument("--environment", default="CPU, 2 ranks (gloo)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "_generated" / "test-matrix.json"))
+    parser.add_argument("--series", default="v0.19.2", help="the series directory under patches/ the runs tested")
     args = parser.parse_args()
 
     columns, results = [], {}
@@ -64,6 +108,10 @@ def main():
             } if detail else result
 
     meta = test_metadata()
+    undocumented = sorted({t.split("::")[-1].split("[")[0] for t in results} - {n for n, m in meta.items() if m[0]})
+    if undocumented:
+        sys.exit("collect-results.py: these tests, and the scenario functions they run, have no docstring, "
+                 "whose first sentence the matrix shows as what they check: " + ", ".join(undocumented))
     scenarios = []
     for test_id in sorted(results):
         function = test_id.split("::")[-1].split("[")[0]
@@ -72,17 +120,24 @@ def main():
         scenarios.append({
             "id": test_id,
             "title": test_id.split("::")[-1].removeprefix("test_").replace("_", " "),
-            "checks": checks or "see the scenario's docstring in tests/scenarios/",
+            "checks": checks,
             "invariants": invariants,
             "results": {
                 column: row.get(column, "not-run")
                 for column in columns
             },
         })
+    patch_dir = ROOT / "patches" / args.series
+    stamp = stamps.make(patch_dir, deepspeed="0.19.2", trees=columns,
+                        command=("ZERO3_RESULTS_FILE=<file> tox -e pristine / tox -e cpu -- tests/test_frozen_ckpt.py "
+                                 "tests/test_hf_llama_peft.py, then scripts/collect-results.py "
+                                 "v0.19.2=<pristine file> series=<series file> (docs/generated-inputs.md)"))
     matrix = {
+        "stamp": stamp,
         "schema": "zero3-test-matrix/1",
         "environment": args.environment,
         "base": "DeepSpeed v0.19.2 (b919284ab1ad6dbc1cb0e06b10386ff74160b586)",
+        "series": f"patches/{args.series}, {stamp['patches']} patches, series id {stamp['series_id']}",
         "generated": datetime.date.today().isoformat(),
         "columns": [{
             "key": c,

@@ -13,6 +13,7 @@ build/deepspeed-v0.19.2 (the series) and the upstream 0.19.3 sdist, unpacked fro
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -63,7 +64,14 @@ def main():
         "`tests/scenarios/bookkeeping.py`. Peaks count frozen parameters gathered at once during "
         "backward, out of all frozen parameters (a block holds 2).",
     ]
-    Path(args.md).write_text("\n".join(lines) + "\n")
+    # the stamp: the series of this checkout (its tree is the one labelled series), and every tree
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    import stamps
+    versions = sorted({r["version"].strip() for _, r in columns})
+    stamp = stamps.make(ROOT / "patches" / "v0.19.2", ", ".join(versions), [label for label, _ in columns],
+                        "python scripts/cpu_bookkeeping.py " + " ".join(shlex.quote(v) for v in args.variants) +
+                        f" --md {args.md}")
+    Path(args.md).write_text(stamps.stamp_markdown("\n".join(lines) + "\n", stamp))
     print(f"wrote {args.md}")
 
 

@@ -19,6 +19,7 @@ import argparse
 import cProfile
 import json
 import os
+import pathlib
 import pstats
 import re
 import statistics
@@ -31,12 +32,35 @@ sys.path.insert(0, os.path.dirname(SCRIPTS))
 
 from bench_lifecycle import VARIANTS, build_engine  # noqa: E402  (the benchmark's engine, at CPU size)
 
+sys.path.insert(0, os.path.join(os.path.dirname(SCRIPTS), "docs", "_ext"))
+import stamps  # noqa: E402
+
+SERIES = os.path.join(os.path.dirname(SCRIPTS), "patches", "v0.19.2")
+COMMAND = ("scripts/profile_host_overhead.py --variant series (PYTHONPATH=build/deepspeed-v0.19.2) and "
+           "--variant reentrant (PYTHONPATH=build/deepspeed-v0.19.2-pristine), then --compare (see its --help)")
+
+
+def relative_path(path):
+    """A profiled file's path relative to its package or to the standard library, so that no
+    directory of the machine that made the profile reaches the docs."""
+    path = re.sub(r"^.*/(site-packages|deepspeed-[^/]+|ds)/(?=deepspeed/|torch/|transformers/|peft/)", "", path)
+    path = re.sub(r"^.*/lib/python\d+\.\d+/(?!site-packages/)", "stdlib/", path)
+    path = re.sub(r"^.*/site-packages/", "", path)
+    if path.startswith("/"):  # anything else: the file and its directory only
+        path = "/".join(path.split("/")[-2:])
+    return path
+
 
 def function_name(key):
-    """'file:line(function)' without the installation-specific directories."""
+    """'file(function)' without the installation-specific directories."""
     path, line, function = key
-    path = re.sub(r"^.*/(site-packages|deepspeed-[^/]+|ds)/(?=deepspeed/|torch/|transformers/|peft/)", "", path)
-    return f"{path}({function})" if path != "~" else function
+    return f"{relative_path(path)}({function})" if path != "~" else function
+
+
+def sanitized(name):
+    """function_name() applied to a name recorded by an older version of this script."""
+    match = re.match(r"^(/[^(]*)\((.*)\)$", name)
+    return f"{relative_path(match.group(1))}({match.group(2)})" if match else name
 
 
 def own_time_per_step(profile, steps):
@@ -73,9 +97,11 @@ def run(args):
             seconds["forward"].append(middle - start)
             seconds["backward"].append(time.perf_counter() - middle)
         engine.step()
+    tree = os.path.basename(os.environ.get("PYTHONPATH", "").rstrip("/")) or "installed deepspeed"
     result = {
+        "stamp": stamps.make(pathlib.Path(SERIES), deepspeed.__version__.strip(), [tree], COMMAND),
         "variant": args.variant,
-        "tree": os.environ.get("PYTHONPATH", ""),
+        "tree": tree,
         "deepspeed": deepspeed.__version__.strip(),
         "torch": torch.__version__,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch")},
@@ -97,7 +123,7 @@ def merged(own):
     0x...>"), which differ between the two runs and would keep the same function apart."""
     result = {}
     for name, seconds in own.items():
-        name = re.sub(r" at 0x[0-9a-f]+", "", name)
+        name = sanitized(re.sub(r" at 0x[0-9a-f]+", "", name))
         result[name] = result.get(name, 0.0) + seconds
     return result
 
@@ -128,8 +154,13 @@ def compare(paths, md_path, rows):
         lines.append("")
     text = "\n".join(lines)
     if md_path:
+        stamp_a, stamp_b = a.get("stamp"), b.get("stamp")
+        if not stamp_a or not stamp_b or stamp_a["series_id"] != stamp_b["series_id"]:
+            sys.exit("profile_host_overhead.py: both runs must carry the stamp of one series revision "
+                     f"(got {stamp_a and stamp_a['series_id']} and {stamp_b and stamp_b['series_id']}): run them again")
+        stamp = dict(stamp_a, trees=stamp_a["trees"] + stamp_b["trees"])
         with open(md_path, "w") as md:
-            md.write(text)
+            md.write(stamps.stamp_markdown(text, stamp))
     print(text)
 
 

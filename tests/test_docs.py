@@ -1,5 +1,10 @@
 """Tests of the documentation site: its Sphinx extensions, the built pages, and their links.
 
+The rendered pages are measured in headless Chromium (test_rendered_pages, with
+docs_render_check.js): both furo themes, 1280 and 390 px, widths of tables and figures against
+the column, WCAG contrast of this project's styled text, diagram label sizes. The generated
+inputs' stamps are checked against the series in patches/ (docs/_ext/stamps.py).
+
 The unit tests of the extensions' collection logic need only the standard library.  The
 build tests need Sphinx (docs/requirements.txt; the tox env ``docs`` has it) and are
 skipped without it.  Where Sphinx is installed they also need Graphviz's ``dot`` and, for
@@ -12,6 +17,7 @@ Environment knobs for development:
   DOCS_SPHINX_ARGS  extra sphinx-build arguments, e.g. "-D generated_dir=/tmp/gen".
 """
 
+import html
 import html.parser
 import json
 import os
@@ -34,6 +40,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 
 import invariant_scan  # noqa: E402
 import sequence  # noqa: E402
+import stamps  # noqa: E402
 from generated import MatrixError, load_matrix, read_series  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -319,6 +326,86 @@ def test_sequence_syntax_errors(rows, message):
         sequence.parse("a = A; b = B", rows)
 
 
+# --------------------------------------------------------------------------- stamps of generated inputs
+
+
+def _series_dir(tmp_path, name="v0.19.2", patches=(PATCH, )):
+    directory = tmp_path / "patches" / name
+    directory.mkdir(parents=True)
+    names = []
+    for i, text in enumerate(patches, 1):
+        names.append(f"{i:04d}-p.patch")
+        (directory / names[-1]).write_text(text)
+    (directory / "series").write_text("\n".join(names) + "\n")
+    return directory
+
+
+def _png_bytes():
+    # the smallest valid PNG: a 1x1 grey pixel
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(b"\x00\x80")) + chunk(b"IEND", b""))
+
+
+def test_stamps_round_trip_in_markdown_json_and_png(tmp_path):
+    series = _series_dir(tmp_path)
+    stamp = stamps.make(series, "0.19.2", ["v0.19.2", "series"], "make it")
+    assert stamp["series"] == "v0.19.2" and stamp["patches"] == 1 and re.fullmatch(r"[0-9a-f]{12}", stamp["series_id"])
+    # re-exporting an unchanged patch (another commit id and date) keeps the id: git patch-id
+    reexported = PATCH.replace("0123456789abcdef", "fedcba9876543210").replace("2.39.5", "2.43.0")
+    assert stamps.series_id_of([reexported]) == stamp["series_id"]
+    assert stamps.series_id_of([PATCH.replace("+new = 2", "+new = 3")]) != stamp["series_id"]
+    md, js, png = tmp_path / "t.md", tmp_path / "t.json", tmp_path / "t.png"
+    md.write_text("| a |\n|---|\n| 1 |\n")
+    js.write_text('{"schema": "x"}')
+    png.write_bytes(_png_bytes())
+    for path in (md, js, png):
+        assert stamps.read(path) is None
+        stamps.write(path, stamp)
+        stamps.write(path, stamp)  # replaces, never stacks
+        assert stamps.read(path) == stamp
+    assert md.read_text().count("zero3-stamp") == 1 and stamps.strip_markdown(md.read_text()).startswith("| a |")
+    assert json.loads(js.read_text())["schema"] == "x"
+    assert png.read_bytes().endswith(_png_bytes()[-12:])  # IEND stays last
+
+
+def test_stamp_check_names_stale_inputs_and_their_command(tmp_path):
+    series = _series_dir(tmp_path)
+    generated = tmp_path / "generated"
+    (generated / "runs").mkdir(parents=True)
+    current = stamps.make(series, "0.19.2", ["series"], "regenerate-current")
+    old = dict(current, series_id="0123456789ab", patches=4, command="run the GPU bench")
+    for name, stamp in (("fresh.md", current), ("stale.md", old), ("runs/r.json", old)):
+        path = generated / name
+        path.write_text("{}" if name.endswith(".json") else "text\n")
+        stamps.write(path, stamp)
+    (generated / "bare.md").write_text("no stamp\n")
+    (generated / "README.md").write_text("not an input\n")
+    problems = stamps.check(generated, tmp_path / "patches", {})
+    assert len(problems) == 3, problems
+    assert any("bare.md carries no stamp" in p for p in problems)
+    stale = next(p for p in problems if "stale.md" in p)
+    assert "0123456789ab (4 patches)" in stale and current["series_id"] in stale
+    assert stale.endswith("Regenerate it with: run the GPU bench")
+    # Listed as historical (a file, or a directory/), a stale input passes; a current one may not be listed.
+    problems = stamps.check(generated, tmp_path / "patches", {"stale.md": "GPU", "runs/": "GPU", "fresh.md": "x"})
+    assert len(problems) == 2 and any("fresh.md matches the current series" in p for p in problems)
+    assert any("bare.md" in p for p in problems)
+
+
+def test_generated_inputs_carry_the_current_series_stamp():
+    """The committed inputs: every one stamped, and stale ones only where conf.py labels them."""
+    conf = {"__file__": str(DOCS / "conf.py")}
+    exec(compile((DOCS / "conf.py").read_text(encoding="utf-8"), str(DOCS / "conf.py"), "exec"), conf)
+    problems = stamps.check(DOCS / "_generated", ROOT / "patches", conf["generated_historical"])
+    assert not problems, "\n".join(problems)
+
+
 # --------------------------------------------------------------------------- troubleshooting page
 
 
@@ -385,7 +472,9 @@ def test_build_renders_invariants_with_their_tests(tmp_path):
     assert run.returncode == 0, run.stderr
     page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
     assert 'id="invariant-i1"' in page
-    assert "tests/test_mini.py::test_a" in page
+    # test ids may wrap only after "_", "/", "::" (a <wbr> there), never inside a word
+    assert '<span class="pre">tests/</span><wbr><span class="pre">test_</span><wbr><span class="pre">mini.py::</span>' in page
+    assert re.sub(r"<[^>]+>", "", page).count("tests/test_mini.py::test_a") == 2  # invariant + table
     assert 'href="#invariant-i1"' in page
 
 
@@ -492,6 +581,77 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
     for inv in declared:
         assert f"invariant-{inv.lower()}" in dom.ids
     assert "no test yet" not in run.stdout
+
+
+# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams).
+RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html"]
+THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
+# (name, CSS px): a desktop, and a phone. The page is loaded in an iframe of that width, since
+# headless Chromium does not open a window narrower than 500 px.
+WIDTHS = [("desktop", 1280), ("phone", 390)]
+RENDER_CHECK = Path(__file__).with_name("docs_render_check.js")
+_FRAME = """<!DOCTYPE html><html><body style="margin:0">
+<iframe src="{src}" style="border:0;width:{width}px;height:900px"></iframe>
+<script>
+function copy() {{  // the measured page writes #render-result; poll until it is there
+  const doc = document.querySelector("iframe").contentDocument;
+  const result = doc && doc.getElementById("render-result");
+  if (!result) {{ setTimeout(copy, 20); return; }}
+  const pre = document.createElement("pre"); pre.id = "render-check"; pre.textContent = result.textContent;
+  document.body.appendChild(pre);
+}}
+copy();</script></body></html>"""
+
+
+def _measure(browser, page, theme, width, profile):
+    """Loads a copy of page (beside it, so relative links resolve) with docs_render_check.js, in an
+    iframe `width` CSS px wide, and returns what it measured."""
+    probe = page.with_name(f"_render_check_{theme}_{page.name}")
+    frame = page.with_name(f"_render_frame_{theme}_{page.name}")
+    text = page.read_text(encoding="utf-8")
+    script = f"<script>const THEME = {json.dumps(theme)};\n{RENDER_CHECK.read_text(encoding='utf-8')}</script>"
+    probe.write_text(text.replace("</body>", script + "</body>", 1), encoding="utf-8")
+    frame.write_text(_FRAME.format(src=probe.name, width=width), encoding="utf-8")
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--allow-file-access-from-files", "--hide-scrollbars", f"--window-size={width + 40},1000",
+           "--virtual-time-budget=15000", f"--user-data-dir={profile}", "--dump-dom", frame.as_uri()]
+    try:
+        for _ in range(3):  # the load event occasionally misses chromium's dump; it is measured again
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            found = re.findall(r'<pre id="render-check">(.*?)</pre>', run.stdout, re.S)
+            if found:
+                return json.loads(html.unescape(found[-1]))
+    finally:
+        probe.unlink()
+        frame.unlink()
+    pytest.fail(f"chromium did not measure {page.name} ({theme}, {width} px):\n{run.stderr[-2000:]}")
+
+
+@pytest.mark.parametrize("width", [w for w, _ in WIDTHS])
+@pytest.mark.parametrize("theme", THEMES)
+def test_rendered_pages(site, tmp_path_factory, theme, width):
+    """What a reader sees, measured in Chromium in both furo themes at a desktop and a phone width:
+    no table or figure is wider than the column unless it scrolls in a box with a visible cue (edge
+    shadows), the page never scrolls sideways, the text this project colours has a WCAG contrast of
+    at least 4.5:1 against its computed background, and diagram labels are drawn at 9 px or more."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    need(browser, "Headless Chromium", "apt-get install -y chromium")
+    # A copy: the probe pages are written beside the measured ones, never into the build itself.
+    copy = tmp_path_factory.mktemp("site") / "html"
+    shutil.copytree(site, copy)
+    size = dict(WIDTHS)[width]
+    problems, counts = [], {}
+    for name in RENDERED_PAGES:
+        result = _measure(browser, copy / name, theme, size, tmp_path_factory.mktemp("chromium"))
+        assert result["theme"] == theme and result["width"] == size, result
+        counts[name] = result["counts"]
+        problems += [f"{name}: {p}" for p in result["problems"]]
+    print(f"{theme} {width}: {counts}")
+    # The checks must have had something to check: the RFC's diagrams and the matrix's outcomes.
+    assert counts["rfc.html"]["diagrams"] == _expected_diagrams()
+    assert counts["test-matrix.html"]["contrast"] > 0
+    assert not problems, f"rendering problems ({theme}, {width}, {size} px):\n" + "\n".join(problems)
 
 
 def _built_pages(site):

@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List
 
+import stamps  # sibling module (docs/_ext is on sys.path: conf.py)
+
 OUTCOMES = {
     # outcome -> (text shown, css class)
     "passed": ("pass", "outcome-pass"),
@@ -158,6 +160,48 @@ def setup(app):
         warning += nodes.paragraph(text=f"{rel} was not found when this page was built.{how}")
         return [warning]
 
+    def patches_root(env) -> Path:
+        base = Path(env.config.patches_dir)
+        if not base.is_absolute():
+            base = (Path(env.srcdir) / base).resolve()
+        return base.parent
+
+    def historical_note(env, path: Path):
+        """A visible note above an input that generated_historical keeps on an older revision."""
+        base = generated_path(env, "")
+        rel = path.relative_to(base).as_posix()
+        why = stamps.historical_reason(env.config.generated_historical, rel)
+        if why is None:
+            return []
+        stamp = stamps.read(path) or {}
+        try:
+            now = stamps.series_id(patches_root(env) / stamp.get("series", ""))
+        except stamps.StampError:
+            now = "unknown"
+        para = nodes.paragraph(classes=["stamp-note"])
+        para += nodes.strong(text="Measured on an earlier revision. ")
+        para += nodes.Text(f"{rel} was measured on series {stamp.get('series')} at ")
+        para += nodes.literal(text=stamp.get("series_id", "?"))
+        para += nodes.Text(f" ({stamp.get('patches')} patches; DeepSpeed {stamp.get('deepspeed')}; trees: "
+                           f"{', '.join(stamp.get('trees', []))}), not on the current series ")
+        para += nodes.literal(text=now)
+        para += nodes.Text(f". {why} Regenerate with: ")
+        para += nodes.literal(text=stamp.get("command", "?"))
+        return [para]
+
+    def check_stamps(app):
+        """Every generated input is stamped and measured the current series (or is listed, with
+        its reason, in generated_historical and labelled on its page)."""
+        config = app.config
+        base = Path(config.generated_dir)
+        if not base.is_absolute():
+            base = Path(app.srcdir) / base
+        patches = Path(config.patches_dir)
+        if not patches.is_absolute():
+            patches = (Path(app.srcdir) / patches).resolve()
+        for problem in stamps.check(base, patches.parent, config.generated_historical):
+            logger.error(problem, type="generated", subtype="stamp")
+
     class GeneratedDirective(SphinxDirective):
         required_arguments = 1
         option_spec = {
@@ -175,14 +219,15 @@ def setup(app):
             if not path.is_file():
                 return missing(self, path, producer)
             suffix = path.suffix.lower()
+            note = historical_note(self.env, path)
             if suffix == ".md":
-                text = path.read_text(encoding="utf-8")
+                text = stamps.strip_markdown(path.read_text(encoding="utf-8"))
                 if not text.strip():
                     logger.error(f"generated input {path} is empty", location=self.get_location())
                     return []
                 box = nodes.container(classes=["generated"])
                 self.state.nested_parse(StringList(text.splitlines(), source=str(path)), 0, box)
-                return [box]
+                return note + [box]
             if suffix in (".png", ".svg"):
                 docdir = Path(self.env.doc2path(self.env.current_document.docname)).parent
                 image = nodes.image(uri=os.path.relpath(path, docdir).replace(os.sep, "/"),
@@ -193,8 +238,8 @@ def setup(app):
                     figure = nodes.figure("", image)
                     inodes, messages = self.parse_inline(self.options["caption"])
                     figure += nodes.caption(self.options["caption"], "", *inodes)
-                    return [figure] + messages
-                return [image]
+                    return note + [figure] + messages
+                return note + [image]
             logger.error(f"{{generated}} cannot include {name}: only .md, .png and .svg files",
                          location=self.get_location())
             return []
@@ -203,7 +248,7 @@ def setup(app):
         optional_arguments = 1
 
         def run(self):
-            from invariants import invariant_ref  # rendered as links to the RFC's invariants
+            from invariants import breakable_literal, invariant_ref  # links to the RFC's invariants
 
             name = self.arguments[0] if self.arguments else "test-matrix.json"
             path = generated_path(self.env, name)
@@ -241,7 +286,7 @@ def setup(app):
                 para = nodes.paragraph()
                 para += nodes.strong(text=sc["title"])
                 entry += para
-                entry += nodes.paragraph("", "", nodes.literal(text=sc["id"]))
+                entry += nodes.paragraph("", "", breakable_literal(sc["id"]))
                 row += entry
                 row += nodes.entry("", nodes.paragraph(text=sc["checks"]))
                 entry = nodes.entry()
@@ -315,4 +360,8 @@ def setup(app):
     app.add_config_value("generated_dir", "_generated", "env")
     app.add_directive("generated", GeneratedDirective)
     app.add_directive("test-matrix", TestMatrixDirective)
+    # generated_historical: {input path relative to generated_dir (a "dir/" covers a directory):
+    # why it stays measured on an older revision}; such inputs are labelled on their page.
+    app.add_config_value("generated_historical", {}, "env")
+    app.connect("builder-inited", check_stamps)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

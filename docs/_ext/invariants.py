@@ -29,6 +29,7 @@ only for drafts).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -191,11 +192,24 @@ def check_consistency(app, env):
 # --------------------------------------------------------------------------- rendering
 
 
+def breakable_literal(text: str) -> nodes.literal:
+    """``text`` as inline code that a narrow column may wrap after "_", "/", "::" or "[", not
+    inside a word: a test id such as tests/test_x.py::test_a_b[c] has no spaces to break at."""
+    literal = nodes.literal(text, "")
+    for piece in re.split(r"(?<=[_/\[])|(?<=::)", text):
+        if not piece:
+            continue
+        if len(literal):
+            literal += nodes.raw("", "<wbr>", format="html")
+        literal += nodes.Text(piece)
+    return literal
+
+
 def _test_items(claims):
     items = nodes.bullet_list(classes=["invariant-tests"])
     for claim in claims:
         para = nodes.paragraph()
-        para += nodes.literal(claim.test, claim.test)
+        para += breakable_literal(claim.test)
         if claim.origin != claim.test.split("::", 1)[0]:
             # the test lives in a file that a patch adds to DeepSpeed
             para += nodes.Text(f" (added by {claim.origin})")
@@ -214,9 +228,31 @@ def _link(app, fromdocname, inv_id, text=None):
     return ref
 
 
+def _count(claims) -> str:
+    return f"{len(claims)} test" + ("" if len(claims) == 1 else "s")
+
+
+def _listing_link(app, fromdocname, listing, inv_id, text):
+    uri = app.builder.get_relative_uri(fromdocname, listing) + "#" + listing_anchor(inv_id)
+    ref = nodes.reference("", "", internal=True, refuri=uri, reftitle=f"the tests that claim {inv_id}")
+    ref += nodes.Text(text)
+    return ref
+
+
+def listing_anchor(inv_id: str) -> str:
+    return f"invariant-tests-{inv_id.lower()}"
+
+
 def resolve(app, doctree, fromdocname):
     by_inv = app.invariants_scan.by_invariant()
     declared = _declared(app.env)
+    # invariants_tests_page: the one page whose {invariant-table} lists every test (empty: each
+    # invariant and each table lists them in full).
+    listing = app.config.invariants_tests_page
+    if listing and listing not in _table_docs(app.env):
+        logger.error(f"invariants_tests_page = {listing!r}, but that page has no {{invariant-table}}",
+                     type="invariants")
+        listing = ""
 
     for node in list(doctree.findall(invariant_tests)):
         claims = by_inv.get(node["invariant"], [])
@@ -225,6 +261,12 @@ def resolve(app, doctree, fromdocname):
         label += nodes.strong("Checked by:", "Checked by:")
         if not claims:
             label += nodes.Text(" no test yet.")
+            container += label
+        elif listing and listing != fromdocname:
+            # The tests are listed once, in the table on the listing page; here a count and a link.
+            label += nodes.Text(" ")
+            label += _listing_link(app, fromdocname, listing, node["invariant"], _count(claims))
+            label += nodes.Text(".")
             container += label
         else:
             container += label
@@ -265,10 +307,13 @@ def resolve(app, doctree, fromdocname):
             row += nodes.entry("", nodes.paragraph(text=declared[inv_id]["title"]))
             claims = by_inv.get(inv_id, [])
             cell = nodes.entry()
-            if claims:
-                cell += _test_items(claims)
-            else:
+            if not claims:
                 cell += nodes.paragraph(text="none")
+            elif listing and listing != fromdocname:
+                cell += nodes.paragraph("", "", _listing_link(app, fromdocname, listing, inv_id, _count(claims)))
+            else:
+                row["ids"].append(listing_anchor(inv_id))
+                cell += _test_items(claims)
             row += cell
             body += row
         node.replace_self(table)
@@ -279,6 +324,7 @@ def setup(app):
     app.add_config_value("invariants_test_globs", ["tests/**/*.py"], "env")
     app.add_config_value("invariants_patch_globs", ["patches/[0-9]*.patch"], "env")
     app.add_config_value("invariants_require_tests", True, "env")
+    app.add_config_value("invariants_tests_page", "", "env")
     app.add_node(invariant_tests)
     app.add_node(invariant_table)
     app.add_node(invariant_ref)

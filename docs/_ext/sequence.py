@@ -42,8 +42,8 @@ CHAR_W = 0.082
 LINE_H = 0.17
 MIN_GAP = 1.3
 FONT = "Helvetica,Arial,sans-serif"
-MESSAGE_WRAP = 28  # characters per line of a message label
-NOTE_WRAP = 38  # characters per line of a note
+MESSAGE_WRAP = 22  # characters per line of a message label
+NOTE_WRAP = 28  # characters per line of a note
 
 STATE_COLOURS = {
     "NOT_AVAILABLE": ("#ececec", "#777777"),
@@ -173,6 +173,14 @@ def _text_width(lines: List[str]) -> float:
     return max(len(line) for line in lines) * CHAR_W
 
 
+def label_gap(ev: Event) -> Tuple[int, int]:
+    """The two neighbouring lanes whose gap holds a message's label: the source lane and the next
+    lane towards the destination. A label centred over the whole arrow would sit across the
+    lifelines of the lanes the arrow passes over."""
+    step = 1 if ev.dst > ev.src else -1
+    return tuple(sorted((ev.src, ev.src + step)))
+
+
 def lane_positions(diagram: Diagram) -> List[float]:
     n = len(diagram.lanes)
     gaps = [MIN_GAP] * (n - 1)
@@ -180,17 +188,12 @@ def lane_positions(diagram: Diagram) -> List[float]:
     for i in range(n - 1):
         need = (_text_width([diagram.lanes[i][1]]) + _text_width([diagram.lanes[i + 1][1]])) / 2 + 0.4
         gaps[i] = max(gaps[i], need)
-    # A message label must fit between its two lanes.
+    # A message label must fit in the gap next to its source lane (see label_gap).
     for ev in diagram.events:
         if ev.kind != "message":
             continue
-        a, b = sorted((ev.src, ev.dst))
-        need = _text_width(ev.text) + 0.3
-        have = sum(gaps[a:b])
-        if have < need:
-            extra = (need - have) / (b - a)
-            for i in range(a, b):
-                gaps[i] += extra
+        a, b = label_gap(ev)
+        gaps[a] = max(gaps[a], _text_width(ev.text) + 0.3)
     xs = [0.0]
     for gap in gaps:
         xs.append(xs[-1] + gap)
@@ -229,8 +232,9 @@ def to_dot(diagram: Diagram, title: Optional[str] = None) -> str:
             label_y = y - text_h / 2
             arrow_y = y - text_h - 0.07
             a, b = xs[ev.src], xs[ev.dst]
+            first, second = label_gap(ev)
             out.append(f'  "e{n}" [label="{_label(ev.text)}", shape=plaintext, margin=0, height=0, '
-                       f'pos="{(a + b) / 2:.3f},{label_y:.3f}!"];')
+                       f'pos="{(xs[first] + xs[second]) / 2:.3f},{label_y:.3f}!"];')
             out.append(f'  "e{n}s" [shape=point, width=0.04, height=0.04, pos="{a:.3f},{arrow_y:.3f}!"];')
             out.append(f'  "e{n}d" [shape=point, width=0.01, height=0.01, style=invis, pos="{b:.3f},{arrow_y:.3f}!"];')
             style = ', style=dashed' if ev.dashed else ''
