@@ -22,3 +22,16 @@ def scenario(hf_pool, request):
 @pytest.mark.invariants("I10")
 def test_llama_lora_frozen_all_gather_volume(scenario):
     scenario(f"{FOLLOWUP}:llama_lora_all_gather_volume")
+
+
+@pytest.fixture
+def small_scenario(rank_pool, request):
+    """The small-model scenarios run in the shared rank pool, like those of tests/test_frozen_ckpt.py."""
+    return scenario_runner(rank_pool, request)
+
+
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("leaves,checkpointing", [("fast-sharding", "module"), ("set_z3_leaf_modules", "none")])
+def test_leaf_module_no_grad_input(small_scenario, leaves, checkpointing):
+    """A z3 leaf fed an input that needs no grad: its grads must be reduced after its backward."""
+    small_scenario(f"{FOLLOWUP}:leaf_no_grad_input", leaves=leaves, checkpointing=checkpointing)
