@@ -35,3 +35,14 @@ def small_scenario(rank_pool, request):
 def test_leaf_module_no_grad_input(small_scenario, leaves, checkpointing):
     """A z3 leaf fed an input that needs no grad: its grads must be reduced after its backward."""
     small_scenario(f"{FOLLOWUP}:leaf_no_grad_input", leaves=leaves, checkpointing=checkpointing)
+
+
+@pytest.mark.invariants("I1", "I2", "I10")
+@pytest.mark.parametrize("topology", ["split", "inside", "interleave"])
+def test_leaf_recompute_attribution(small_scenario, topology):
+    """A z3 leaf with two outputs under checkpointing: the frozen params a recompute gathers are
+    attributed to a module whose post-backward comes after their last use (no second all-gather,
+    nothing left gathered). Prints the attribution seen."""
+    attribution = small_scenario(f"{FOLLOWUP}:leaf_recompute_attribution", topology=topology)
+    if attribution is not None:
+        print(f"{topology}: {attribution[0]}")
