@@ -22,3 +22,27 @@ def scenario(hf_pool, request):
 @pytest.mark.invariants("I10")
 def test_llama_lora_frozen_all_gather_volume(scenario):
     scenario(f"{FOLLOWUP}:llama_lora_all_gather_volume")
+
+
+@pytest.fixture
+def small_scenario(rank_pool, request):
+    """The small-model scenarios run in the shared rank pool, like those of tests/test_frozen_ckpt.py."""
+    return scenario_runner(rank_pool, request)
+
+
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("leaves,checkpointing", [("fast-sharding", "module"), ("set_z3_leaf_modules", "none")])
+def test_leaf_module_no_grad_input(small_scenario, leaves, checkpointing):
+    """A z3 leaf fed an input that needs no grad: its grads must be reduced after its backward."""
+    small_scenario(f"{FOLLOWUP}:leaf_no_grad_input", leaves=leaves, checkpointing=checkpointing)
+
+
+@pytest.mark.invariants("I1", "I2", "I10")
+@pytest.mark.parametrize("topology", ["split", "inside", "interleave"])
+def test_leaf_recompute_attribution(small_scenario, topology):
+    """A z3 leaf with two outputs under checkpointing: the frozen params a recompute gathers are
+    attributed to a module whose post-backward comes after their last use (no second all-gather,
+    nothing left gathered). Prints the attribution seen."""
+    attribution = small_scenario(f"{FOLLOWUP}:leaf_recompute_attribution", topology=topology)
+    if attribution is not None:
+        print(f"{topology}: {attribution[0]}")

@@ -2,9 +2,16 @@
 gets wrong, on the real client path."""
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
-from tests.scenarios import hf_llama
-from tests.scenarios.zero3 import count_all_gathers, initialize, lifecycle_config
+import deepspeed
+from deepspeed.runtime.zero import partitioned_param_coordinator
+
+from tests.scenarios import hf_llama, models
+from tests.scenarios.zero3 import (batch, build, count_all_gathers, initialize, lifecycle_config, train,
+                                   watch_gathers_and_releases)
+
+DIM = 8
 
 # The follow-up's target: frozen all-gather volume with checkpointing within 2% of the volume without.
 VOLUME_TOLERANCE = 1.02
@@ -45,3 +52,143 @@ def llama_lora_all_gather_volume(*, steps=3):
                                            f"no checkpointing ({volumes['module'][step]['frozen']} vs "
                                            f"{volumes['none'][step]['frozen']})")
     return volumes
+
+
+def leaf_no_grad_input(*, leaves="fast-sharding", checkpointing="module", steps=2):
+    """Two blocks made z3 leaves (by fast sharding, stage3_module_granularity_threshold, or by
+    set_z3_leaf_modules) fed an input that needs no grad, as frozen embeddings feed a first layer.
+    v0.19.8: the leaf's grads are reduced by a full backward hook that torch fires before the leaf's
+    backward when no input needs grad, so RuntimeError in the first backward ("output with shape [1]
+    doesn't match the broadcast shape [8, 8]", shape [0] without fast sharding), checkpointing or not."""
+    if leaves == "fast-sharding":
+        # a NormLinear block has 88 params in 3 layers (granularity 29); the wide head keeps the root's
+        # granularity above that, so exactly the blocks become leaves
+        config = lifecycle_config(stage3_module_granularity_threshold=29)
+    elif leaves == "set_z3_leaf_modules":
+        config = lifecycle_config()
+    else:
+        raise ValueError(f"leaves={leaves!r}: expected 'fast-sharding' or 'set_z3_leaf_modules'")
+
+    def factory():
+        stack = models.frozen_norm_stack(DIM, 2, checkpointing)
+        stack.head = torch.nn.Linear(DIM, 64)
+        if leaves == "set_z3_leaf_modules":
+            deepspeed.utils.set_z3_leaf_modules(stack, [models.NormLinear])
+        return stack
+
+    engine, reference = build(factory, config)
+    try:
+        found = [m for m in engine.module.modules() if getattr(m, "_z3_leaf", False)]
+        assert found == list(engine.module.blocks), f"expected the blocks to be the z3 leaves, got {found}"
+
+        def inputs(step):
+            return (batch(step, (2, DIM), device=engine.device, requires_grad=False), )
+
+        return train(engine, reference, inputs, steps=steps)
+    finally:
+        engine.destroy()
+
+
+class LeafTopology(torch.nn.Module):
+    """A z3 leaf with two outputs (models.TwoBranchLeaf, frozen norms) whose outputs feed two blocks
+    with a frozen norm each (models.NormLinear with a relu tail), under non-reentrant checkpointing
+    (``ckpt``) laid out as ``topology``:
+
+    - "split": the leaf checkpointed alone, each output into its own checkpointed block;
+    - "inside": one checkpointed function holding the leaf and both blocks (the recompute runs the
+      leaf's hooks inside another module's backward);
+    - "interleave": the leaf not checkpointed, its two outputs into two checkpointed blocks whose
+      product is the output (two recomputes, then the leaf's two pre-backwards, one per output).
+    """
+
+    TOPOLOGIES = ("split", "inside", "interleave")
+
+    def __init__(self, dim, topology, ckpt):
+        super().__init__()
+        if topology not in self.TOPOLOGIES:
+            raise ValueError(f"topology={topology!r}: expected one of {self.TOPOLOGIES}")
+        self.inp = torch.nn.Linear(dim, dim)
+        self.leaf = models.TwoBranchLeaf(dim)
+        # a relu at the blocks' end starts their recompute at the block, whose post-backward comes after
+        # its norm's: without it v0.19.8 attributes the norm to the Linear and gathers it again (what
+        # patch 0002 fixes, not the subject here)
+        self.block_a = models.NormLinear(dim, relu=True)
+        self.block_b = models.NormLinear(dim, relu=True)
+        self.block_a.norm.requires_grad_(False)
+        self.block_b.norm.requires_grad_(False)
+        self.head = torch.nn.Linear(dim, 2)
+        self.topology = topology
+        self.ckpt = ckpt
+
+    def _run(self, fn, *args):
+        return checkpoint(fn, *args, use_reentrant=False) if self.ckpt else fn(*args)
+
+    def _inside(self, x):
+        a, b = self.leaf(x)
+        return self.block_a(a) * self.block_b(b)
+
+    def forward(self, x):
+        x = self.inp(x)
+        if self.topology == "split":
+            a, b = self._run(self.leaf, x)
+            y = self._run(self.block_a, a) + self._run(self.block_b, b)
+        elif self.topology == "inside":
+            y = self._run(self._inside, x)
+        else:
+            a, b = self.leaf(x)
+            y = self._run(self.block_a, a) * self._run(self.block_b, b)
+        return self.head(y).pow(2).mean()
+
+
+def leaf_recompute_attribution(*, topology="split", steps=2):
+    """Where #8148's active-backward tracker attributes the frozen params a recompute gathers when a
+    z3 leaf with two outputs runs its pre-backward once per output (the hooks the leaf's lock in
+    fetch_sub_module serializes). Checks, against the same model without checkpointing: exact
+    gradients, nothing gathered after backward, and every frozen param all-gathered as many times
+    per step (no early release that a later pre-backward would gather again). Returns the
+    attribution seen (owner module, frozen param), sorted."""
+    config = lifecycle_config()
+    attribution = set()
+    original = partitioned_param_coordinator.update_recompute_parameters
+
+    def record(sub_module, param):
+        attribution.add((module_names.get(id(sub_module), type(sub_module).__name__), param_names[id(param)]))
+        return original(sub_module, param)
+
+    gathers = {}
+    for ckpt in (False, True):
+
+        def factory():
+            model = LeafTopology(DIM, topology, ckpt)
+            deepspeed.utils.set_z3_leaf_modules(model, [models.TwoBranchLeaf])
+            return model
+
+        engine, reference = build(factory, config)
+        module_names = {id(m): name or "root" for name, m in engine.module.named_modules()}
+        param_names = {id(p): name for name, p in engine.module.named_parameters()}
+        counts, per_step = {}, []
+
+        def count(param):
+            counts[param_names[id(param)]] = counts.get(param_names[id(param)], 0) + 1
+
+        watch_gathers_and_releases(engine.module, count)
+
+        def inputs(step):
+            return (batch(step, (2, DIM), device=engine.device), )
+
+        def end_of_step(engine):
+            per_step.append({name: n for name, n in counts.items() if ".norm" in name})
+            counts.clear()
+
+        partitioned_param_coordinator.update_recompute_parameters = record
+        try:
+            train(engine, reference, inputs, steps=steps, after_backward=end_of_step)
+        finally:
+            partitioned_param_coordinator.update_recompute_parameters = original
+            engine.destroy()
+        gathers[ckpt] = per_step
+    for step in range(1, steps):  # step 0 records the trace
+        assert gathers[True][step] == gathers[False][step], (
+            f"step {step}: frozen all-gathers per param with checkpointing {gathers[True][step]}, "
+            f"without {gathers[False][step]}")
+    return sorted(attribution)
