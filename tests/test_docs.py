@@ -624,8 +624,10 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
     assert "no test yet" not in run.stdout
 
 
-# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams).
-RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html"]
+# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams),
+# and the guide's pages (wide option tables, long quoted messages).
+RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html", "guide/quickstart.html",
+                  "guide/apply.html", "guide/cherry-pick.html", "guide/troubleshooting.html"]
 THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
 # (name, CSS px): a desktop, and a phone. The page is loaded in an iframe of that width, since
 # headless Chromium does not open a window narrower than 500 px.
