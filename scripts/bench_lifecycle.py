@@ -397,15 +397,30 @@ def summarize(runs):
     }
 
 
+# A verdict needs at least this many runs of each group it compares: fewer cannot show a spread.
+MIN_RUNS_FOR_VERDICT = 3
+NOT_JUDGED = "not judged (<3 runs or overlapping ranges)"
+
+
+def verdict(ok, *groups, step_time=False):
+    """**met** or **missed**, or NOT_JUDGED when a compared group has fewer than MIN_RUNS_FOR_VERDICT
+    runs or, for step time, when the groups' [min, max] ranges overlap (the difference is inside the
+    noise)."""
+    if any(g["runs"] < MIN_RUNS_FOR_VERDICT for g in groups):
+        return NOT_JUDGED
+    if step_time and any(a["min"] <= b["max"] and b["min"] <= a["max"]
+                         for i, a in enumerate(groups) for b in groups[i + 1:]):
+        return NOT_JUDGED
+    return "**met**" if ok else "**missed**"
+
+
 def targets(summaries):
-    """Issue 6's targets for the series, each judged from the measured figures, met or not."""
+    """Issue 6's targets for the series and the follow-up's, each judged from the measured figures
+    where the runs allow a verdict; an empty list when neither series ran."""
     series = summaries.get("series")
     if series is None:
-        return ["- The series did not run: no target can be judged."]
+        return followup_targets(summaries)
     lines = []
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
 
     def total(s):
         return s["gather"]["frozen"] + s["gather"]["trainable"]
@@ -413,17 +428,19 @@ def targets(summaries):
     reference = summaries.get("no-ckpt")
     if reference:
         met = total(series) <= total(reference)
-        lines.append(f"- All-gather volume per step ≤ the run without checkpointing: {verdict(met)} "
-                     f"({total(series):.3f} vs {total(reference):.3f} GiB).")
-    bounds = {k: summaries[k]["peak_gib"] for k in ("reentrant", "upstream") if summaries.get(k)}
+        lines.append(f"- All-gather volume per step ≤ the run without checkpointing: "
+                     f"{verdict(met, series, reference)} ({total(series):.3f} vs {total(reference):.3f} GiB).")
+    bounds = {k: summaries[k] for k in ("reentrant", "upstream") if summaries.get(k)}
     if bounds:
-        named = ", ".join(f"{k} {v:.2f} GiB" for k, v in bounds.items())
-        lines.append(f"- Peak memory ≤ min({', '.join(bounds)}): {verdict(series['peak_gib'] <= min(bounds.values()))} "
+        named = ", ".join(f"{k} {v['peak_gib']:.2f} GiB" for k, v in bounds.items())
+        met = series["peak_gib"] <= min(v["peak_gib"] for v in bounds.values())
+        lines.append(f"- Peak memory ≤ min({', '.join(bounds)}): {verdict(met, series, *bounds.values())} "
                      f"({series['peak_gib']:.2f} GiB; {named}).")
     if summaries.get("reentrant"):
         reentrant = summaries["reentrant"]
         met = series["median"] <= reentrant["median"]
-        lines.append(f"- Median step time ≤ the reentrant workaround's: {verdict(met)} "
+        lines.append(f"- Median step time ≤ the reentrant workaround's: "
+                     f"{verdict(met, series, reentrant, step_time=True)} "
                      f"({series['median']:.3f} vs {reentrant['median']:.3f} s, "
                      f"ratio {series['median'] / reentrant['median']:.2f}).")
     return lines + followup_targets(summaries)
@@ -434,25 +451,22 @@ def followup_targets(summaries):
     followup = summaries.get("followup")
     if followup is None:
         return []
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
-
     lines = []
     reference = summaries.get("no-ckpt")
     if reference:
         frozen, floor = followup["gather"]["frozen"], reference["gather"]["frozen"]
         ratio = frozen / floor
         lines.append(f"- Follow-up: frozen all-gather volume per step ≤ {FOLLOWUP_VOLUME_TOLERANCE}× the run without "
-                     f"checkpointing: {verdict(ratio <= FOLLOWUP_VOLUME_TOLERANCE)} ({frozen:.3f} vs {floor:.3f} GiB, "
-                     f"{ratio:.3f}×).")
+                     f"checkpointing: {verdict(ratio <= FOLLOWUP_VOLUME_TOLERANCE, followup, reference)} "
+                     f"({frozen:.3f} vs {floor:.3f} GiB, {ratio:.3f}×).")
     upstream = summaries.get("upstream")
     if upstream:
+        step = verdict(followup["median"] <= upstream["median"], followup, upstream, step_time=True)
         lines.append(f"- Follow-up vs its pristine release: frozen all-gather {followup['gather']['frozen']:.3f} vs "
                      f"{upstream['gather']['frozen']:.3f} GiB; peak {followup['peak_gib']:.2f} vs "
-                     f"{upstream['peak_gib']:.2f} GiB (≤: {verdict(followup['peak_gib'] <= upstream['peak_gib'])}); "
+                     f"{upstream['peak_gib']:.2f} GiB (≤: {verdict(followup['peak_gib'] <= upstream['peak_gib'], followup, upstream)}); "
                      f"median step {followup['median']:.3f} vs {upstream['median']:.3f} s "
-                     f"(ratio {followup['median'] / upstream['median']:.2f}).")
+                     f"(≤: {step}).")
     return lines
 
 
@@ -547,7 +561,10 @@ def report(paths, md_path, png_path, caption=None):
             "Where the time goes (medians per step; fetch wait is host time inside ZeRO-3's "
             "`fetch_sub_module`; on demand means the fetch found the parameter not prefetched):",
             "",
-        ] + timing + ["", "Targets:", ""] + targets(summaries)
+        ] + timing
+        verdicts = targets(summaries)
+        if verdicts:
+            lines += ["", "Targets:", ""] + verdicts
     if caption:  # a captioned table (MyST's table directive), so the page names what it shows
         end = lines.index("")
         lines[:end] = [f":::{{table}} {caption}"] + lines[:end] + [":::"]

@@ -38,16 +38,23 @@ def test_bench_smoke_on_cpu(tmp_path):
 
     # the report of a follow-up run (issue 14): the same measurement filed under the variants that
     # run next to each other, so that the follow-up's rows and targets are produced
-    paths = [str(out)]
+    # (3 runs each, the fewest a verdict rests on; identical runs have overlapping step-time ranges)
+    paths = []
     for variant in ("no-ckpt", "nonreentrant", "followup"):
-        path = tmp_path / f"{variant}.json"
-        path.write_text(json.dumps(dict(result, variant=variant, tree=f"build/{variant}")))
-        paths.append(str(path))
+        for run in range(3):
+            path = tmp_path / f"{variant}-{run}.json"
+            path.write_text(json.dumps(dict(result, variant=variant, tree=f"build/{variant}")))
+            paths.append(str(path))
     subprocess.run([sys.executable, str(BENCH), "--report", *paths, "--md", str(md)], check=True, timeout=120)
     table = md.read_text()
     assert "| followup |" in table and "| nonreentrant |" in table
     assert "Follow-up: frozen all-gather volume per step ≤ 1.02× the run without checkpointing: **met**" in table
     assert "Follow-up vs its pristine release:" in table
+    assert "(≤: not judged (<3 runs or overlapping ranges))." in table, "step time judged inside the noise"
+    # fewer than 3 runs: no verdict at all
+    subprocess.run([sys.executable, str(BENCH), "--report", *paths[::3], "--md", str(md)], check=True, timeout=120)
+    table = md.read_text()
+    assert "**met**" not in table and "**missed**" not in table and "not judged" in table
 
 
 @pytest.mark.parametrize("variant", ["nocheck", "minimal-skip"])

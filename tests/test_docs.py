@@ -428,6 +428,47 @@ def test_troubleshooting_quotes_every_apply_message_exactly():
     assert not stale, "docs/guide/troubleshooting.md quotes messages apply.sh no longer has:\n" + "\n".join(stale)
 
 
+# A run of adjacent string literals (implicit concatenation, one per line) starting "ZeRO-3 ":
+# how the series writes every message it prints or raises.
+_LITERAL = r'f?"(?:[^"\\\n]|\\.)*"'
+_MESSAGE = re.compile(r'f?"ZeRO-3 (?:[^"\\\n]|\\.)*"(?:\s*' + _LITERAL + r')*')
+
+
+def _deepspeed_messages(series_dir):
+    """The messages the series adds to DeepSpeed's source (not to its tests), each as a regex in
+    which an f-string's {field} matches any text."""
+    patterns = {}
+    for patch in sorted(series_dir.glob("0*.patch")):
+        for diff in re.split(r"(?m)^diff --git ", patch.read_text(encoding="utf-8"))[1:]:
+            if not diff.startswith("a/deepspeed/"):
+                continue
+            added = "\n".join(line[1:] for line in diff.splitlines()
+                              if line.startswith("+") and not line.startswith("+++"))
+            for match in _MESSAGE.finditer(added):
+                text = "".join(re.findall(r'f?"((?:[^"\\\n]|\\.)*)"', match.group(0))).replace('\\"', '"')
+                parts = re.split(r"\{[^{}]*\}", text)
+                patterns[text] = re.compile(".+".join(map(re.escape, parts)))
+    return patterns
+
+
+def test_troubleshooting_quotes_every_deepspeed_message_exactly():
+    """Each "ZeRO-3 ..." line quoted on the page is a message the v0.19.2 series prints, word for
+    word (a {field} of the source may read anything, e.g. "<param>"), and each message is quoted."""
+    series_dir = ROOT / "patches" / "v0.19.2"
+    if not series_dir.is_dir():
+        pytest.skip("patches/v0.19.2 is not in this checkout")
+    in_source = _deepspeed_messages(series_dir)
+    assert in_source, "no 'ZeRO-3 ...' messages found in patches/v0.19.2: has their style changed?"
+    page = (DOCS / "guide" / "troubleshooting.md").read_text(encoding="utf-8")
+    lines = [re.sub(r"^\w+(?:Error|Warning): ", "", line)  # a quote may start with the exception's class
+             for block in re.findall(r"(?ms)^```text\n(.*?)^```", page) for line in block.splitlines()]
+    quoted = [line for line in lines if line.startswith("ZeRO-3 ")]
+    stale = [q for q in quoted if not any(p.fullmatch(q) for p in in_source.values())]
+    missing = sorted(t for t, p in in_source.items() if not any(p.fullmatch(q) for q in quoted))
+    assert not stale, "docs/guide/troubleshooting.md quotes messages the series does not print:\n" + "\n".join(stale)
+    assert not missing, "docs/guide/troubleshooting.md lacks these messages of the series:\n" + "\n".join(missing)
+
+
 # --------------------------------------------------------------------------- extension build behaviour
 
 
@@ -583,8 +624,10 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
     assert "no test yet" not in run.stdout
 
 
-# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams).
-RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html"]
+# Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams),
+# and the guide's pages (wide option tables, long quoted messages).
+RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html", "guide/quickstart.html",
+                  "guide/apply.html", "guide/cherry-pick.html", "guide/troubleshooting.html"]
 THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
 # (name, CSS px): a desktop, and a phone. The page is loaded in an iframe of that width, since
 # headless Chromium does not open a window narrower than 500 px.

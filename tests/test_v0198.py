@@ -19,8 +19,11 @@ def scenario(hf_pool, request):
     return scenario_runner(hf_pool, request)
 
 
-@pytest.mark.invariants("I10")
+# Not tagged I10: I10 says equal volumes, and this asserts at most 1.02x (VOLUME_TOLERANCE in
+# tests/scenarios/followup.py), so a break of I10 below 2 % would pass it.
 def test_llama_lora_frozen_all_gather_volume(scenario):
+    """The follow-up's frozen all-gather volume with checkpointing is within 1.02x of the volume
+    without it (a tiny Llama + LoRA)."""
     scenario(f"{FOLLOWUP}:llama_lora_all_gather_volume")
 
 
