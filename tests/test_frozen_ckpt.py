@@ -291,6 +291,37 @@ def test_shared_frozen_norm_mixed_invocations(scenario):
     scenario(f"{FROZEN}:shared_frozen_norm_mixed_invocations")
 
 
+EARLY_STOP = "tests.scenarios.early_stop"
+
+
+@pytest.mark.needs_patch(5)
+@pytest.mark.invariants("I1", "I2", "I5")
+def test_early_stop_in_frozen_only_module_fed_by_input(scenario):
+    """The recompute's early stop falls inside a frozen-only module whose input requires grad
+    (issue 13, finding 8), three steps."""
+    scenario(f"{EARLY_STOP}:early_stop_in_frozen_only_module", feed="input", where="inside")
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1", "I2", "I5")
+@pytest.mark.parametrize("feed,where,defaults", [
+    ("attribute", "inside", False),
+    ("attribute", "inside", True),
+    ("attribute", "after", False),
+    ("mixed", "inside", False),
+    ("mixed", "inside", True),
+    ("leaf", "after", True),
+],
+                         ids=lambda value: {False: "lifecycle", True: "defaults"}.get(value, value))
+def test_early_stop_in_frozen_only_module(scenario, feed, where, defaults):
+    """The same for a frozen-only module that no input arms: the task of its pre-backward
+    (post-backward at the end of the graph task; none for a leaf output) belongs to the original
+    invocation, which a recompute stopped inside (or right after) the module must not change, on
+    any of three steps. "mixed": one invocation through an attribute, then one armed through its
+    input, the recompute stopping inside the second. Lifecycle settings and DeepSpeed's defaults."""
+    scenario(f"{EARLY_STOP}:early_stop_in_frozen_only_module", feed=feed, where=where, defaults=defaults)
+
+
 @pytest.mark.needs_patch(4)
 @pytest.mark.invariants("I1", "I5")
 @pytest.mark.parametrize("checkpointing", ["none", "module"])

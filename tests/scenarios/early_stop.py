@@ -1,0 +1,165 @@
+"""The checkpoint recompute's early stop inside, or right after, a module that has only frozen
+parameters (issue 13, finding 8).
+
+What the pre-backward of one invocation of a module does (gather for its backward and run its
+post-backward through its inputs; gather and run it at the end of the graph task, the inputs
+needing no grad; gather nothing, the outputs being leaves) is a fact about that invocation. A
+module attribute set by the post-forward hook and reset by the pre-forward hook would hold it
+for the module instead: a recompute re-runs the pre-forward hook, and when torch's early stop
+(``set_checkpoint_early_stop(True)``, the default) ends the recompute inside the module's forward,
+the post-forward hook never runs again, so the original invocation's pre-backward, which runs
+after the recompute, would read the reset value, for good. These scenarios put that shape under
+ZeRO-3 and check every step: quiescence after each backward (every invocation got its
+post-backward), exact gradients, and that the recompute really stopped where the case says.
+"""
+
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+from tests.scenarios.zero3 import batch, build, lifecycle_config, train
+
+DIM = 8
+# DeepSpeed's default persistence threshold (1e5) keeps every parameter of a DIM-8 model gathered;
+# at 320 the frozen weight (102400 numel) and the Linear weight are released, the norms persist
+DEFAULTS_DIM = 320
+
+# how the frozen-only module of each block gets the tensor whose grad its output carries
+FEEDS = {
+    "input": "positionally, an input that requires grad (post-backward armed through it)",
+    "attribute": "through an attribute, with an input that needs no grad (post-backward at the end "
+                 "of the graph task)",
+    "leaf": "not at all: its output is made a leaf that requires grad by a forward hook (no backward)",
+    "mixed": "twice: first through an attribute, then through its input",
+}
+# (mixed in the other order, stopped inside the second invocation, fails in plain torch already:
+# "Trying to backward through the graph a second time", from the second block's recompute)
+# where the recompute's early stop falls: "inside" the frozen-only module (its forward saves the
+# block's last saved tensor), or "after" it (a relu at the end of the block saves its output)
+WHERE = ("inside", "after")
+
+
+class FrozenMatmul(torch.nn.Module):
+    """Only a frozen weight, read directly in forward: ``x @ W`` saves W itself (x requires grad,
+    W does not), so when this is the block's last saving op the recompute stops inside it."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5, requires_grad=False)
+        self.stash = None  # a tensor that requires grad, handed over outside the hooks' sight
+
+    def forward(self, x):
+        if self.stash is not None:
+            x = x + self.stash  # x itself needs no grad: nothing arms post-backward through it
+        return x @ self.weight
+
+
+def _output_becomes_leaf(module, args, output):
+    # transformers' enable_input_require_grads() pattern
+    output.requires_grad_(True)
+
+
+class EarlyStopBlock(torch.nn.Module):
+    """A frozen norm (whose recompute release is v0.19.2's CheckpointError), a trainable Linear,
+    then the frozen-only module fed as ``feed`` says, then a relu if ``where`` is "after"."""
+
+    def __init__(self, dim, feed, where):
+        super().__init__()
+        if feed not in FEEDS or where not in WHERE:
+            raise ValueError(f"feed={feed!r}, where={where!r}: expected one of {sorted(FEEDS)} and of {WHERE}")
+        if feed == "leaf" and where == "inside":
+            raise ValueError("a module whose inputs need no grad and whose output is a leaf saves nothing: the "
+                             "recompute cannot stop inside it")
+        self.norm = torch.nn.LayerNorm(dim)
+        self.norm.requires_grad_(False)
+        self.lin = torch.nn.Linear(dim, dim)
+        # a matrix, not a norm: under DeepSpeed's defaults a norm would be persistent, and a
+        # persistent parameter left gathered goes unnoticed
+        self.frozen = FrozenMatmul(dim)
+        if feed == "leaf":
+            self.frozen.register_forward_hook(_output_becomes_leaf)
+        self.feed = feed
+        self.where = where
+
+    def forward(self, x):
+        h = self.lin(self.norm(x))
+        if self.feed == "input":
+            y = self.frozen(h)
+        elif self.feed == "attribute":
+            self.frozen.stash = h
+            y = self.frozen(torch.zeros_like(h).detach())
+            self.frozen.stash = None
+        elif self.feed == "leaf":
+            # the multiply saves the leaf, after the frozen module's forward has returned
+            y = h * self.frozen(torch.ones_like(h).detach())
+        else:  # mixed: one invocation through the attribute, then one armed through its input
+            self.frozen.stash = h
+            y = self.frozen(torch.zeros_like(h).detach())
+            self.frozen.stash = None
+            y = self.frozen(y)
+        return torch.relu(y) if self.where == "after" else y
+
+
+class EarlyStopStack(torch.nn.Module):
+    """Blocks checkpointed at module level (non-reentrant, early stop on), then a trainable head."""
+
+    def __init__(self, dim, depth, feed, where):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(EarlyStopBlock(dim, feed, where) for _ in range(depth))
+        self.head = torch.nn.Linear(dim, 2)
+
+    def forward(self, x):
+        with set_checkpoint_early_stop(True):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+        return self.head(x).pow(2).mean()
+
+
+def _count_recompute_entries_and_exits(model):
+    """Counts the forwards of the frozen-only modules that a recompute entered and those it
+    finished. The hooks are registered after ZeRO-3's: "entered" means that ZeRO-3's pre-forward
+    ran (and gathered), "finished" that its post-forward and pre-backward hooks ran too."""
+    counts = {"entered": 0, "finished": 0}
+
+    def in_recompute():
+        return torch._C._current_graph_task_id() != -1
+
+    def entered(module, args):
+        counts["entered"] += in_recompute()
+
+    def finished(module, args, output):
+        counts["finished"] += in_recompute()
+
+    for block in model.blocks:
+        block.frozen.register_forward_pre_hook(entered)
+        block.frozen.register_forward_hook(finished)
+    return counts
+
+
+def early_stop_in_frozen_only_module(*, feed="attribute", where="inside", defaults=False, steps=3, depth=2):
+    """Blocks norm (frozen) -> Linear -> a frozen-only module (``FEEDS[feed]``), each checkpointed
+    with early stop, the recompute stopping ``where`` the frozen-only module. Every backward must
+    leave everything released (each invocation's post-backward ran, none came late), gradients
+    equal the reference's exactly, for ``steps`` steps, under the lifecycle settings or DeepSpeed's
+    defaults. v0.19.2: CheckpointError (the norm); without 0007 the frozen-only module fed no
+    input that needs grad stays gathered after backward."""
+    dim = DEFAULTS_DIM if defaults else DIM
+    config = lifecycle_config(defaults=defaults)
+    engine, reference = build(functools.partial(EarlyStopStack, dim, depth, feed, where), config)
+    counts = _count_recompute_entries_and_exits(engine.module)
+    try:
+        result = train(engine,
+                       reference,
+                       lambda step: (batch(step, (2, dim), device=engine.device), ),
+                       steps=steps)
+    finally:
+        engine.destroy()
+    invocations = steps * depth * (2 if feed == "mixed" else 1)
+    # the recompute must have stopped where this case says, or it tests something else
+    expected_finished = invocations if where == "after" else invocations - steps * depth
+    assert counts == {"entered": invocations, "finished": expected_finished}, (
+        f"recomputes of the frozen-only modules: {counts}, expected {invocations} entered and "
+        f"{expected_finished} finished (early stop {where} the module)")
+    result["recompute"] = counts
+    return result
