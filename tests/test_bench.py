@@ -13,19 +13,24 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "bench_lifecycle.py"
 
 
-def test_bench_smoke_on_cpu(tmp_path):
-    pytest.importorskip("peft")
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
-    out = tmp_path / "series.json"
+def run_toy_bench(variant, out, steps):
+    """One run of the benchmark script at toy size on CPU; its JSON result."""
     subprocess.run([
         sys.executable,
-        str(BENCH), "--variant", "series", "--out",
-        str(out), "--layers", "2", "--hidden", "256", "--seq", "32", "--batch", "2", "--steps", "2", "--warmup", "1"
+        str(BENCH), "--variant", variant, "--out",
+        str(out), "--layers", "2", "--hidden", "256", "--seq", "32", "--batch", "2", "--steps",
+        str(steps), "--warmup", "1"
     ],
-                   env=env,
+                   env=dict(os.environ, DS_ACCELERATOR="cpu"),
                    check=True,
                    timeout=600)
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_bench_smoke_on_cpu(tmp_path):
+    pytest.importorskip("peft")
+    out = tmp_path / "series.json"
+    result = run_toy_bench("series", out, steps=2)
     assert "error" not in result, result["error"]
     assert result["step_s"]["n"] == 2
     assert result["allgather_gib_per_step"]["frozen"] > 0
@@ -62,16 +67,7 @@ def test_alternative_variants_run_on_cpu(tmp_path, variant):
     """The fairness variants (determinism_check="none", PR 8130's skip) reach the model: on the
     series tree they must train like the series; on pristine v0.19.2 the GPU run measures them."""
     pytest.importorskip("peft")
-    out = tmp_path / f"{variant}.json"
-    subprocess.run([
-        sys.executable,
-        str(BENCH), "--variant", variant, "--out",
-        str(out), "--layers", "2", "--hidden", "256", "--seq", "32", "--batch", "2", "--steps", "1", "--warmup", "1"
-    ],
-                   env=dict(os.environ, DS_ACCELERATOR="cpu"),
-                   check=True,
-                   timeout=600)
-    result = json.loads(out.read_text())
+    result = run_toy_bench(variant, tmp_path / f"{variant}.json", steps=1)
     assert "error" not in result, result["error"]
     assert result["variant"] == variant and result["allgather_gib_per_step"]["frozen"] > 0
 
