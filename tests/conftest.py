@@ -13,7 +13,7 @@ import os
 import pytest
 
 from tests.harness import RankPool, world
-from tests.harness.pool import close_zygotes, default_device
+from tests.harness.pool import close_zygotes, default_device, keep_logs_under
 from tests.harness.report import WorldSizeReport
 
 _CHOICE = pytest.StashKey()
@@ -97,9 +97,8 @@ def world_choice(request):
 
 @pytest.fixture(scope="session", autouse=True)
 def harness_tmpdir(tmp_path_factory):
-    """Rank and zygote logs go into pytest's temporary directory, which pytest prunes after a few sessions;
-    a failed run's logs stay there for inspection (the failure report names them)."""
-    os.environ.setdefault("ZERO3_HARNESS_TMPDIR", str(tmp_path_factory.getbasetemp() / "harness"))
+    """Rank and zygote logs go into pytest's temporary directory (the failure report names them)."""
+    keep_logs_under(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,13 @@ def harness_tmpdir(prefix):
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
+def keep_logs_under(basetemp):
+    """Pools of this process make their log directories under basetemp/harness (pytest's temporary directory,
+    which pytest prunes after a few sessions) rather than in the system's temp dir, unless
+    ZERO3_HARNESS_TMPDIR is set already; a failed run's logs stay there for inspection."""
+    os.environ.setdefault("ZERO3_HARNESS_TMPDIR", str(Path(basetemp) / "harness"))
+
+
 def default_extensions_dir():
     # Keyed by Python and torch versions: a JIT-built op links against both.
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}_torch{importlib.metadata.version('torch')}"
@@ -224,6 +231,8 @@ class _Zygote:
             self.info = _recv(parent_conn)[1]
         except (EOFError, OSError):
             self._fail(f"died while importing DeepSpeed: {_exit_text(self.proc.wait())}")
+        if self.info.get("cuda_initialized"):
+            self._fail("initialized CUDA while importing DeepSpeed, so ranks forked from it could not use the GPU")
 
     def _fail(self, why):
         self.failed = True
@@ -303,6 +312,17 @@ class _ForkedProc:
 
 # Zygotes are shared by every pool of this process whose ranks get the same environment.
 _zygotes = {}
+# Set when forked CUDA ranks could not start: from then on, CUDA pools spawn their ranks.
+_cuda_fork_failed = False
+
+
+def _give_up_cuda_fork(error):
+    global _cuda_fork_failed
+    if not _cuda_fork_failed:
+        _cuda_fork_failed = True
+        first = error.strip().splitlines()[0] if error.strip() else "no error text"
+        print(f"zero3 harness: ranks forked on CUDA could not start ({first}); spawning CUDA ranks from now on "
+              f"(slower: each imports DeepSpeed). ZERO3_TEST_FORK=0 spawns from the start.", file=sys.stderr)
 
 
 def _zygote_for(env, start_timeout):
@@ -346,8 +366,9 @@ class RankPool:
         self.shm_op = bool(int(os.environ.get("ZERO3_TEST_SHM_OP", "0"))) if shm_op is None else shm_op
         self.start_timeout = start_timeout or env_float("ZERO3_POOL_START_TIMEOUT", 600.0)
         self.env = dict(env or {})
-        # Fork ranks from a zygote that has imported DeepSpeed (CPU only); ZERO3_TEST_FORK=0 spawns each rank.
-        self.fork = self.device == "cpu" and os.environ.get("ZERO3_TEST_FORK", "1") != "0"
+        # Fork ranks from a zygote that has imported DeepSpeed; ZERO3_TEST_FORK=0 spawns each rank. On CUDA a
+        # pool whose forked ranks cannot start falls back to spawning, and so do all later CUDA pools.
+        self.fork = os.environ.get("ZERO3_TEST_FORK", "1") != "0" and not (self.device == "cuda" and _cuda_fork_failed)
         self._zygote = None
         self.name = name
         self._own_log_dir = log_dir is None and not os.environ.get("ZERO3_TEST_LOG_DIR")
@@ -373,7 +394,7 @@ class RankPool:
 
     @property
     def zygote_pid(self):
-        """The pid of the process the ranks are forked from (None when ranks are spawned: CUDA, ZERO3_TEST_FORK=0)."""
+        """The pid of the process the ranks are forked from (None when ranks are spawned: ZERO3_TEST_FORK=0, or CUDA after forking failed)."""
         return self._zygote.proc.pid if self._zygote else None
 
     @property
@@ -397,6 +418,10 @@ class RankPool:
                 self._kill()
                 self._keep_logs = True
                 text = str(e)
+                if self.fork and self.device == "cuda":
+                    _give_up_cuda_fork(text)
+                    self.fork, self._zygote = False, None
+                    continue
                 if ("EADDRINUSE" in text or "ddress already in use" in text) and attempt < 2:
                     continue
                 self._start_failures += 1
@@ -445,7 +470,12 @@ class RankPool:
         base_env = self._base_env()
         rank_env = self._rank_env(base_env)
         if self.fork:
-            self._zygote = _zygote_for(base_env, max(1.0, deadline - time.monotonic()))
+            zygote_env = dict(base_env)
+            if self.device == "cuda":
+                # DeepSpeed's import asks whether CUDA is available; through NVML that leaves the driver
+                # uninitialized, which forking requires (worker._zygote).
+                zygote_env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+            self._zygote = _zygote_for(zygote_env, max(1.0, deadline - time.monotonic()))
         for rank in range(self.world_size):
             parent_conn, child_conn = multiprocessing.Pipe()
             cfg = dict(fd=child_conn.fileno(), parent=os.getpid(), rank=rank, world_size=self.world_size,

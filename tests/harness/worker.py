@@ -2,9 +2,10 @@
 
 Life of a rank: tie its life to the parent's, import DeepSpeed once, join the process group once, then run
 tasks sent by the parent until the parent closes the pipe. Everything it prints goes to its log file.
-On CPU, ranks are forked from a "zygote" (the same module, in zygote mode) that has imported DeepSpeed already.
+Ranks are forked from a "zygote" (the same module, in zygote mode) that has imported DeepSpeed already.
 """
 
+import contextlib
 import ctypes
 import faulthandler
 import importlib
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from multiprocessing.connection import Connection
 
 from tests.harness import context
@@ -220,20 +222,80 @@ def _become_rank(fd, cfg, env, log_path):
     _rank_main(Connection(fd), dict(cfg, fd=fd, parent=os.getppid()))
 
 
-def _zygote(conn):
-    """Import torch and DeepSpeed once, then fork ranks on request (CPU only: forking after CUDA init is unsafe).
+@contextlib.contextmanager
+def _device_queries_from_nvml(torch):
+    """On a CUDA host, answer torch.cuda's device queries from NVML for the duration of the block.
 
-    A forked rank starts in well under a second where a spawned one spends seconds importing DeepSpeed, which
-    matters because a pool is restarted after every failed run.
+    DeepSpeed's import asks them: git_version_info.py runs every op builder's is_compatible(), several of
+    which read ``torch.cuda.get_device_properties(0).major``, and ds_transformer.py asks
+    ``get_device_capability()``. Through torch they initialize CUDA, and ranks forked afterwards could not use
+    the GPU. NVML gives the same answers without touching the CUDA driver. Where NVML cannot answer, torch
+    does, and the zygote reports CUDA as initialized (the pool then spawns its ranks).
+    """
+    if os.environ.get("DS_ACCELERATOR") != "cuda":
+        yield
+        return
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # no NVML bindings or no driver: leave torch alone
+        yield
+        return
+    real_capability, real_properties = torch.cuda.get_device_capability, torch.cuda.get_device_properties
+
+    def handle(device):
+        index = 0 if device is None else int(device)  # a torch.device or a MIG id raises: torch answers
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        name = visible[index] if visible else str(index)
+        return pynvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit() else \
+            pynvml.nvmlDeviceGetHandleByUUID(name)
+
+    def get_device_capability(device=None):
+        try:
+            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle(device)))
+        except Exception:
+            return real_capability(device)
+
+    def get_device_properties(device=None):
+        try:
+            h = handle(device)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            return types.SimpleNamespace(major=major, minor=minor,
+                                         name=name.decode() if isinstance(name, bytes) else name,
+                                         total_memory=pynvml.nvmlDeviceGetMemoryInfo(h).total)
+        except Exception:
+            return real_properties(device)
+
+    torch.cuda.get_device_capability, torch.cuda.get_device_properties = get_device_capability, get_device_properties
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability, torch.cuda.get_device_properties = real_capability, real_properties
+
+
+def _zygote(conn):
+    """Import torch and DeepSpeed once, then fork ranks on request.
+
+    A forked rank starts in well under a second where a spawned one spends seconds importing DeepSpeed (on a
+    CUDA host, with its CUDA libraries, 15 s or more), which matters because a pool is restarted after every
+    failed run and every upstream-style test class starts one. Forking is safe on CUDA only while this process
+    has not initialized CUDA: the pool runs it with PYTORCH_NVML_BASED_CUDA_CHECK=1, so that DeepSpeed's
+    "is CUDA available" checks ask NVML instead of the CUDA driver, and it reports whether torch initialized
+    CUDA anyway; the pool then spawns its ranks instead.
     """
     from multiprocessing.reduction import recv_handle
     t0 = time.monotonic()
+    import torch
     import torch.distributed  # noqa: F401
-    import deepspeed
-    import deepspeed.comm  # noqa: F401
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator()
-    _send(conn, ("ready", dict(pid=os.getpid(), import_s=round(time.monotonic() - t0, 3))))
+    with _device_queries_from_nvml(torch):
+        import deepspeed
+        import deepspeed.comm  # noqa: F401
+        from deepspeed.accelerator import get_accelerator
+        get_accelerator()
+    _send(conn, ("ready",
+                 dict(pid=os.getpid(), import_s=round(time.monotonic() - t0, 3),
+                      cuda_initialized=torch.cuda.is_initialized())))
     children, exited = set(), {}
 
     def reap():

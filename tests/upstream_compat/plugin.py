@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import RankPool, world
-from tests.harness.pool import close_zygotes, default_device
+from tests.harness.pool import close_zygotes, default_device, keep_logs_under
 from tests.harness.report import WorldSizeReport
 
 # Pools kept for the classes that set reuse_dist_env, keyed by (class, world size).
@@ -42,6 +42,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "world_size(n): run this DistributedTest method on n ranks")
     _report = WorldSizeReport(_world_choice)
     config.pluginmanager.register(_report, "zero3-world-size-report")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def harness_tmpdir(tmp_path_factory):
+    """Rank and zygote logs go into pytest's temporary directory, as in our own suite (tests/conftest.py)."""
+    keep_logs_under(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="class")
