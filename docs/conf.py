@@ -56,11 +56,6 @@ generated_historical = {
     "bench.png": _GPU_BENCH,
     "bench-batch16.md": _GPU_BENCH,
     "bench-runs/": _GPU_BENCH,
-    # A re-run on the shared 2-core build machine (load average 5) measured 9x the step time, all of
-    # it in matmul: a host profile needs an otherwise idle machine, so the old one stays, labelled.
-    "host-overhead.md": ("A host-time profile needs an otherwise idle machine; the build machines are "
-                         "shared. Not yet re-run on the eight-patch series."),
-    "host-overhead-runs/": "The run files of host-overhead.md.",
     # PR 6 changes only the gradient reduction of z3 leaf modules whose inputs need no grad; the
     # benchmark's Llama has no z3 leaf, so its path is unchanged, but it was not re-measured.
     "bench-followup-v0.19.8.md": _FOLLOWUP_BENCH,

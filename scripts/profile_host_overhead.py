@@ -5,13 +5,16 @@ The GPU benchmark (scripts/bench_lifecycle.py) at 4 sequences per GPU is bound b
 its step time is mostly Python in hooks. This profiles the same model structure (a Llama with
 PEFT LoRA on q/k/v/o, built under deepspeed.zero.Init), shrunk so that it runs on a CPU, in one
 process (world size 1, gloo), and records cProfile's own time per function for the forward and
-for the backward, per step. Comparing two runs shows which functions make one slower:
+for the backward, per step. Times are the main thread's CPU time (time.thread_time), so that other
+load on the machine does not inflate them, and so is each step's time; torch runs one intra-op
+thread. Comparing runs of two variants (several runs each: per-function times are medians over a
+variant's runs, totals show their range) shows which functions make one slower:
 
     PYTHONPATH=<patched tree> DS_ACCELERATOR=cpu python scripts/profile_host_overhead.py \\
         --variant series --out build/host/series.json
     PYTHONPATH=<pristine tree> DS_ACCELERATOR=cpu python scripts/profile_host_overhead.py \\
         --variant reentrant --out build/host/reentrant.json
-    python scripts/profile_host_overhead.py --compare build/host/series.json build/host/reentrant.json \\
+    python scripts/profile_host_overhead.py --compare build/host/series*.json build/host/reentrant*.json \\
         --md docs/_generated/host-overhead.md
 """
 
@@ -37,7 +40,8 @@ import stamps  # noqa: E402
 
 SERIES = os.path.join(os.path.dirname(SCRIPTS), "patches", "v0.19.2")
 COMMAND = ("scripts/profile_host_overhead.py --variant series (PYTHONPATH=build/deepspeed-v0.19.2) and "
-           "--variant reentrant (PYTHONPATH=build/deepspeed-v0.19.2-pristine), then --compare (see its --help)")
+           "--variant nocheck (PYTHONPATH=build/deepspeed-v0.19.2-pristine), 3 runs each, interleaved, then "
+           "--compare (see its --help)")
 
 
 def relative_path(path):
@@ -73,29 +77,32 @@ def run(args):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29700 + os.getpid() % 200))
     import torch
+    # One intra-op thread: with several, the main thread's CPU time includes OpenMP's spin-waiting for
+    # the others, which varies with the machine's load (measured: 2-3x between runs of one tree).
+    torch.set_num_threads(1)
     import deepspeed
     from tests.harness.gloo import skip_shm_op_build
     skip_shm_op_build()
     deepspeed.init_distributed(dist_backend="gloo")
     engine = build_engine(args)
     ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
-    profiles = {"forward": cProfile.Profile(), "backward": cProfile.Profile()}
+    profiles = {"forward": cProfile.Profile(time.thread_time), "backward": cProfile.Profile(time.thread_time)}
     seconds = {"forward": [], "backward": []}
     for step in range(args.warmup + args.steps):
         measured = step >= args.warmup
-        start = time.perf_counter()
+        start = time.thread_time()
         if measured:
             profiles["forward"].enable()
         loss = engine(input_ids=ids, labels=ids).loss
         if measured:
             profiles["forward"].disable()
             profiles["backward"].enable()
-        middle = time.perf_counter()
+        middle = time.thread_time()
         engine.backward(loss)
         if measured:
             profiles["backward"].disable()
             seconds["forward"].append(middle - start)
-            seconds["backward"].append(time.perf_counter() - middle)
+            seconds["backward"].append(time.thread_time() - middle)
         engine.step()
     tree = os.path.basename(os.environ.get("PYTHONPATH", "").rstrip("/")) or "installed deepspeed"
     result = {
@@ -106,6 +113,7 @@ def run(args):
         "torch": torch.__version__,
         "shape": {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch")},
         "steps": args.steps,
+        "timer": "thread_time",
         "median_s": {phase: statistics.median(values) for phase, values in seconds.items()},
         "own_s_per_step": {phase: own_time_per_step(profile, args.steps)
                            for phase, profile in profiles.items()},
@@ -115,7 +123,7 @@ def run(args):
     with open(args.out, "w") as out:
         json.dump(result, out, indent=1)
     print(f"{args.variant}: median forward {result['median_s']['forward']:.4f} s, "
-          f"backward {result['median_s']['backward']:.4f} s (profiled)")
+          f"backward {result['median_s']['backward']:.4f} s (main-thread CPU time, profiled)")
 
 
 def merged(own):
@@ -128,37 +136,69 @@ def merged(own):
     return result
 
 
+def by_variant(paths):
+    """The runs grouped by variant, in the order the variants first appear; exactly two variants."""
+    groups = {}
+    for path in paths:
+        run = json.load(open(path))
+        if run.get("timer") != "thread_time":
+            sys.exit(f"profile_host_overhead.py: {path} was recorded with wall-clock timing by an older version "
+                     "of this script: record it again")
+        groups.setdefault(run["variant"], []).append(run)
+    if len(groups) != 2:
+        sys.exit(f"profile_host_overhead.py: --compare needs runs of exactly two variants, got {sorted(groups)}")
+    return list(groups.values())
+
+
+def runs(n):
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def spread(values, scale=1e3):
+    """'median [min-max]' in ms, or the single value."""
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
 def compare(paths, md_path, rows):
-    a, b = (json.load(open(p)) for p in paths)
+    runs_a, runs_b = by_variant(paths)
+    a, b = runs_a[0], runs_b[0]
     lines = [
-        f"Host time per step under cProfile, {a['variant']} vs {b['variant']} (torch {a['torch']}, CPU, world size 1; "
-        f"Llama {a['shape']['layers']} layers, hidden {a['shape']['hidden']}, sequence {a['shape']['seq']}, "
-        f"batch {a['shape']['batch']}, LoRA on q/k/v/o, bf16; {a['steps']} profiled steps each):",
+        f"Host time per step under cProfile, {a['variant']} ({runs(len(runs_a))}) vs {b['variant']} "
+        f"({runs(len(runs_b))}): main-thread CPU time, torch {a['torch']}, CPU, world size 1; Llama "
+        f"{a['shape']['layers']} layers, hidden {a['shape']['hidden']}, sequence {a['shape']['seq']}, batch "
+        f"{a['shape']['batch']}, LoRA on q/k/v/o, bf16; {a['steps']} profiled steps per run. Totals and step times "
+        "are medians over the runs [min-max]; per-function times are medians over the runs.",
         "",
     ]
     for phase in ("forward", "backward"):
-        own_a, own_b = merged(a["own_s_per_step"][phase]), merged(b["own_s_per_step"][phase])
-        total_a, total_b = sum(own_a.values()), sum(own_b.values())
+        own_a = [merged(r["own_s_per_step"][phase]) for r in runs_a]
+        own_b = [merged(r["own_s_per_step"][phase]) for r in runs_b]
+        names = set().union(*own_a, *own_b)
+        med_a = {n: statistics.median(o.get(n, 0.0) for o in own_a) for n in names}
+        med_b = {n: statistics.median(o.get(n, 0.0) for o in own_b) for n in names}
         lines += [
-            f"**{phase.capitalize()}**: {total_a * 1e3:.1f} ms vs {total_b * 1e3:.1f} ms of profiled own time per "
-            f"step (wall medians {a['median_s'][phase] * 1e3:.1f} ms vs {b['median_s'][phase] * 1e3:.1f} ms). "
-            f"The functions that differ most:",
+            f"**{phase.capitalize()}**: {spread([sum(o.values()) for o in own_a])} ms vs "
+            f"{spread([sum(o.values()) for o in own_b])} ms of profiled own time per step (step medians "
+            f"{spread([r['median_s'][phase] for r in runs_a])} ms vs {spread([r['median_s'][phase] for r in runs_b])} "
+            "ms). The functions that differ most:",
             "",
             f"| function | {a['variant']} (ms/step) | {b['variant']} (ms/step) | difference |",
             "|---|---|---|---|",
         ]
-        names = sorted(set(own_a) | set(own_b), key=lambda n: abs(own_a.get(n, 0) - own_b.get(n, 0)), reverse=True)
-        for name in names[:rows]:
-            x, y = own_a.get(name, 0.0), own_b.get(name, 0.0)
+        for name in sorted(names, key=lambda n: abs(med_a[n] - med_b[n]), reverse=True)[:rows]:
+            x, y = med_a[name], med_b[name]
             lines.append(f"| `{name}` | {x * 1e3:.2f} | {y * 1e3:.2f} | {(x - y) * 1e3:+.2f} |")
         lines.append("")
     text = "\n".join(lines)
     if md_path:
-        stamp_a, stamp_b = a.get("stamp"), b.get("stamp")
-        if not stamp_a or not stamp_b or stamp_a["series_id"] != stamp_b["series_id"]:
-            sys.exit("profile_host_overhead.py: both runs must carry the stamp of one series revision "
-                     f"(got {stamp_a and stamp_a['series_id']} and {stamp_b and stamp_b['series_id']}): run them again")
-        stamp = dict(stamp_a, trees=stamp_a["trees"] + stamp_b["trees"])
+        ids = {(r.get("stamp") or {}).get("series_id") for r in runs_a + runs_b}
+        if len(ids) != 1 or None in ids:
+            sys.exit("profile_host_overhead.py: all runs must carry the stamp of one series revision "
+                     f"(got {sorted(map(str, ids))}): run them again")
+        stamp = dict(a["stamp"], trees=list(dict.fromkeys(t for r in runs_a + runs_b for t in r["stamp"]["trees"])))
         with open(md_path, "w") as md:
             md.write(stamps.stamp_markdown(text, stamp))
     print(text)
@@ -174,7 +214,7 @@ def main():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--compare", nargs=2, metavar="JSON")
+    parser.add_argument("--compare", nargs="+", metavar="JSON", help="runs of two variants (see above)")
     parser.add_argument("--md")
     parser.add_argument("--rows", type=int, default=12)
     args = parser.parse_args()
@@ -183,7 +223,7 @@ def main():
     elif args.variant and args.out:
         run(args)
     else:
-        parser.error("give --variant and --out, or --compare A.json B.json")
+        parser.error("give --variant and --out, or --compare with the runs of two variants")
 
 
 if __name__ == "__main__":

@@ -77,8 +77,8 @@ def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     script = ROOT / "scripts" / "profile_host_overhead.py"
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     runs = []
-    for variant in ("series", "no-ckpt"):
-        out = tmp_path / f"{variant}.json"
+    for i, variant in enumerate(("series", "no-ckpt", "series")):
+        out = tmp_path / f"{variant}-{i}.json"
         subprocess.run([
             sys.executable,
             str(script), "--variant", variant, "--out",
@@ -94,3 +94,7 @@ def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     subprocess.run([sys.executable, str(script), "--compare", *runs, "--md", str(md)], check=True, timeout=120)
     text = md.read_text()
     assert "**Forward**" in text and "**Backward**" in text and "| series (ms/step) |" in text
+    assert "series (2 runs) vs no-ckpt (1 run)" in text and " [" in text  # two series runs: a range
+    one_variant = subprocess.run([sys.executable, str(script), "--compare", runs[0], runs[2]],
+                                 capture_output=True, text=True, timeout=120)
+    assert one_variant.returncode != 0 and "exactly two variants" in one_variant.stderr
