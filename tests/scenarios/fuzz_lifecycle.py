@@ -61,7 +61,8 @@ from tests.scenarios.zero3 import (assert_forward_stack_clean, assert_grads_matc
 # What each tag means; the parent reports failures by tag.
 TAGS = {
     "error": "ZeRO-3 raised where the reference does not",
-    "grad": "gradients differ from the reference's (fp32, compared exactly)",
+    "grad": "gradients differ from the reference's (fp32, compared exactly down to the smallest normal float: "
+            "tests/scenarios/gradcompare.py)",
     "I1": "after backward or the optimizer step, a parameter is still gathered, still claimed by a module "
           "(ds_active_sub_modules), or a deferred release or post-backward trigger is outstanding",
     "I4": "a deferred release was carried out late (by a drain instead of its owner's post-backward)",
@@ -334,7 +335,13 @@ def _train(case, *, count_gathers=False):
                 _check_state(engine, f"after the backward {when}")
                 if micro == gas - 1:
                     try:
-                        assert_grads_match(engine, _reference_grads(reference), exact=True, when=f"in step {step}")
+                        # drawn models can drive gradients below the smallest normal float, where ZeRO's
+                        # pre-divided average rounds (gradcompare); exact above it
+                        assert_grads_match(engine,
+                                           _reference_grads(reference),
+                                           exact=True,
+                                           subnormal_slack=True,
+                                           when=f"in step {step}")
                     except AssertionError as error:
                         raise Violation("grad", str(error)) from None
                 try:
