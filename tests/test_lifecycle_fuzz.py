@@ -321,3 +321,26 @@ def test_fuzz_volume_module_run_twice(fuzz_pool):
                   model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
                          "ops": [["child", 0, "module", 1, "none"], ["child", 0, "function", 1, "none"]],
                          "output": "tensor", "z3_leaf": False}))
+
+
+@pytest.mark.skipif(applied_patches() < SERIES_LENGTH,
+                    reason="pristine v0.19.2 (and a prefix of the series) fails this case with I7 first")
+def test_fuzz_gradient_below_the_smallest_normal(fuzz_pool):
+    """A guard, once reported as a finding (max abs diff 1.401e-45 in the head's gradient): a
+    micro-batch gradient of 2**-149 that ZeRO-3's data-parallel average pre-divides by the world
+    size, which rounds it to 0 (and -63 * 2**-149 to -64 * 2**-149). Not a lifecycle bug: emulating
+    that average on the reference's per-micro-batch gradients gives ZeRO-3's gradients bit for bit on
+    v0.19.2 and v0.19.8, pristine or patched, and on 1 rank the case passes. The fuzzer compares
+    exactly down to the smallest normal float (tests/scenarios/gradcompare.py); this case fails an
+    exact comparison on 2 ranks."""
+    grandchild = {"params": {"w": "none", "s": "trainable"}, "children": [],
+                  "ops": [["linear"], ["linear"], ["external", 5], ["external", 0]], "output": "tuple",
+                  "z3_leaf": False}
+    ops = [["linear"], ["scale"], ["linear"], ["child", 0, "function", 2, "keyword"]]
+    child = {"params": {"w": "frozen", "s": "trainable"}, "children": [grandchild], "ops": ops, "output": "tensor",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": False, "aux": "none", "aux_grad": True}, forwards=3, early_stop=True,
+                  zero={"gas": 3, "prefetch": "0", "reuse": "default", "persistence": "0"},
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [child], "ops": ops,
+                         "output": "tuple", "z3_leaf": False}))
