@@ -291,6 +291,17 @@ def _tags(error):
     return [getattr(error, "tag", type(error).__name__)]
 
 
+def _notes(error):
+    """What hypothesis attached to what it raised: the shrunk ("falsifying") case and our note with the
+    paste-ready test. Hypothesis adds them to the exception as notes instead of printing them when the
+    exception is caught, as main's loop does."""
+    notes = list(getattr(error, "__notes__", []))
+    if isinstance(error, BaseExceptionGroup):
+        for e in error.exceptions:
+            notes += _notes(e)
+    return notes
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tests.lifecycle_fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("ZERO3_FUZZ_SECONDS") or 1800),
@@ -336,7 +347,8 @@ def main(argv=None):
             except (AssertionError, BaseExceptionGroup) as error:
                 tags = _tags(error)
                 findings.update(tags)
-                print(f"== run {run} found: {', '.join(tags)} (shrunk case and paste-ready test above)", flush=True)
+                print(f"== run {run} found: {', '.join(tags)}; the shrunk case and a paste-ready test:", flush=True)
+                print("\n".join(_notes(error)) or "(hypothesis reported no case)", flush=True)
             run += 1
             print(stats.summary(), flush=True)
     print(f"\n== lifecycle fuzz: {run} runs in {time.monotonic() - t0:.0f} s")

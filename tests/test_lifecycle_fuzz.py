@@ -344,3 +344,22 @@ def test_fuzz_gradient_below_the_smallest_normal(fuzz_pool):
                   zero={"gas": 3, "prefetch": "0", "reuse": "default", "persistence": "0"},
                   model={"params": {"w": "trainable", "s": "trainable"}, "children": [child], "ops": ops,
                          "output": "tuple", "z3_leaf": False}))
+
+
+def test_a_finding_reaches_the_fuzz_log_with_its_shrunk_case():
+    """`python -m tests.lifecycle_fuzz` catches what a search raises and prints the shrunk case and the
+    paste-ready test from the exception's notes (lifecycle_fuzz._notes): the hypothesis in use must hand
+    them over there, not print them itself. A 30-minute run once logged "shrunk case above" with
+    nothing above."""
+    hypothesis = pytest.importorskip("hypothesis")
+
+    @hypothesis.given(hypothesis.strategies.integers())
+    @hypothesis.settings(database=None, derandomize=True, max_examples=200)
+    def fails_from_ten(n):
+        hypothesis.note(f"paste-ready regression test: n={n}")
+        assert n < 10
+
+    with pytest.raises(AssertionError) as raised:
+        fails_from_ten()
+    text = "\n".join(lifecycle_fuzz._notes(raised.value))
+    assert "fails_from_ten(\n    n=10," in text and "paste-ready regression test: n=10" in text
