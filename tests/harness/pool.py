@@ -394,7 +394,8 @@ class RankPool:
 
     @property
     def zygote_pid(self):
-        """The pid of the process the ranks are forked from (None when ranks are spawned: ZERO3_TEST_FORK=0, or CUDA after forking failed)."""
+        """The pid of the process the ranks are forked from (None when ranks are spawned: ZERO3_TEST_FORK=0, or
+        CUDA after forking failed)."""
         return self._zygote.proc.pid if self._zygote else None
 
     @property
