@@ -47,20 +47,8 @@ invariants_tests_page = "test-matrix"
 # measured; the build fails when one differs from patches/ now (docs/_ext/stamps.py), except for
 # the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
-_GPU_BENCH = ("Measured on 2 H200s; this machine has no GPU, so it is kept, labelled, until "
-              "the benchmark is run again on the current series.")
-_FOLLOWUP_BENCH = ("Measured on one H200 with the first five follow-up PRs; PR 6 (z3 leaf modules whose "
-                   "inputs need no grad) came later and is not on the benchmark model's path. Not yet re-run.")
-generated_historical = {
-    "bench.md": _GPU_BENCH,
-    "bench.png": _GPU_BENCH,
-    "bench-batch16.md": _GPU_BENCH,
-    "bench-runs/": _GPU_BENCH,
-    # PR 6 changes only the gradient reduction of z3 leaf modules whose inputs need no grad; the
-    # benchmark's Llama has no z3 leaf, so its path is unchanged, but it was not re-measured.
-    "bench-followup-v0.19.8.md": _FOLLOWUP_BENCH,
-    "bench-followup-v0.19.8.png": _FOLLOWUP_BENCH,
-}
+# ({path relative to generated_dir: why}; every input is current today.)
+generated_historical = {}
 
 html_theme = "furo"
 html_title = "zero3-frozen-ckpt"
