@@ -9,6 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.pool import default_device
+
+# These runs force DS_ACCELERATOR=cpu whatever the host, so a CUDA host would only repeat what
+# `tox -e cpu` checks, at about 165 s of a `tox -e gpu` run (measured on one H200); there the
+# benchmark itself is `tox -e bench`.
+pytestmark = pytest.mark.skipif(default_device() == "cuda",
+                                reason="CPU smoke runs of the benchmark scripts: tox -e cpu runs them; on a GPU "
+                                "host the benchmark is tox -e bench")
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "scripts" / "bench_lifecycle.py"
 
