@@ -85,7 +85,31 @@ def known_finding(case):
         if case["forwards"] > 1 or len(calls) != len(set(calls)) or any(
                 op[0] == "child" and op[3] > 1 for node in nodes for op in node["ops"]):
             return "volume-module-run-twice"
+    if any(op[0] == "nograd" and node["children"]
+           and _returns_its_input(node["children"][op[1] % len(node["children"])], nodes)
+           for node in nodes for op in node["ops"]):
+        return "no-grad-child-returns-its-input"
     return None
+
+
+def _returns_its_input(node, nodes):
+    """Whether ``node``, called with one tensor under torch.no_grad, may return that very tensor: its
+    output is h and every op leaves h alone (a parameter it lacks, no module to read an external
+    vector from, a child call whose child may return its input; a checkpointed call counts too)."""
+    if node["output"] not in ("tensor", "param") or (node["output"] == "param" and node["params"]["s"] != "none"):
+        return False
+    # the vectors of the other modules (counted, not compared by identity: a case may list one node twice)
+    vectors = sum(other["params"]["s"] != "none" for other in nodes) - (node["params"]["s"] != "none")
+    for op in node["ops"]:
+        if op[0] in ("child", "nograd") and not node["children"]:
+            continue
+        kid = node["children"][op[1] % len(node["children"])] if op[0] in ("child", "nograd") else None
+        if not (op[0] == "linear" and node["params"]["w"] == "none"
+                or op[0] == "scale" and node["params"]["s"] == "none"
+                or op[0] == "external" and not vectors
+                or op[0] == "child" and op[2] != "function-relu" and _returns_its_input(kid, nodes)):
+            return False
+    return True
 
 
 @pytest.mark.invariants("I1", "I7", "I8", "I10")
@@ -321,6 +345,28 @@ def test_fuzz_volume_module_run_twice(fuzz_pool):
                   model={"params": {"w": "frozen", "s": "trainable"}, "children": [child],
                          "ops": [["child", 0, "module", 1, "none"], ["child", 0, "function", 1, "none"]],
                          "output": "tensor", "z3_leaf": False}))
+
+
+@finding("grad", "a child called under torch.no_grad returns its input unchanged: torch hands the caller that same "
+         "grad-requiring tensor, ZeRO-3 detaches it (its forward hooks pass the child's inputs and outputs through "
+         "autograd Functions, which return detached tensors under no_grad), so the caller's gradient through the "
+         "child is lost: root.w off by 1.336. Not the series: v0.19.2 and v0.19.8, pristine or patched, fail too")
+def test_fuzz_no_grad_child_returns_its_input(fuzz_pool):
+    """Fuzz run 104 (seed 678684190630930457), shrunk. The cut is in both wrappers of
+    deepspeed/runtime/zero/parameter_offload.py (v0.19.2 lines: _post_backward_module_hook, 409, wraps
+    the inputs in PostBackwardFunctionModule; _pre_backward_module_hook, 381, the outputs in
+    PreBackwardFunctionForModule; both forwards return ``.detach()``): with only one of them skipped
+    the gradient is still wrong. A fix would return inputs and outputs unwrapped while
+    ``torch.is_grad_enabled()`` is False. That is safe: under no_grad autograd records no node for
+    the Functions, so their backward (the pre- and post-backward triggers) can never run; wrapping
+    only detaches, and its setup_context counts a backward that never comes. Reentrant checkpointing
+    runs its first forward under no_grad, so its counts change and its tests must be re-run."""
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "none", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["linear"], ["nograd", 0]], "output": "tensor", "z3_leaf": False}))
 
 
 @pytest.mark.skipif(applied_patches() < SERIES_LENGTH,
