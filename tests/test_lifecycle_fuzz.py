@@ -67,7 +67,12 @@ def finding_families(case):
         "reentrant-module-run-twice": "reentrant" in modes and runs_twice,
         "trainable-weight-released-in-recompute": bool(recompute_runs_post_forward) and any(
             node["params"]["w"] == "trainable" for node in tree),
+        "z3-leaf-leaf-output": any(node["output"] == "leaf" for node in in_z3_leaves),
         "input-cut-by-detach": any(node["output"] == "leaf" for node in tree),
+        "checkpointed-param-output-run-twice": runs_twice and bool(modes & {"function", "function-relu"}) and any(
+            node["output"] == "param" and node["params"]["s"] == "trainable" for node in tree),
+        "volume-module-run-twice": (case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"]
+                                    and bool(modes - {"none", "reentrant"}) and runs_twice),
         "no-grad-child-returns-its-input": any(
             op[0] == "nograd" and node["children"]
             and _returns_its_input(node["children"][op[1] % len(node["children"])], tree)
@@ -80,12 +85,21 @@ def finding_families(case):
 # (installed tree, 2 ranks on CPU): the input-cut families hold there (release_backward_leftovers
 # sweeps at the end of backward what no post-backward released), so does a z3 leaf fed an input that
 # needs no grad (PR 6); the other z3 leaf findings, both reentrant run-twice and recompute-release
-# findings and the no-grad child break as on the v0.19.2 series.
+# findings, the checkpointed param output and the no-grad child break as on the v0.19.2 series.
+# Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
+# test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
+# input-cut-by-detach): "z3-leaf-leaf-output", a z3 leaf whose output a hook makes a leaf: wrong
+# gradient for its trainable weight, pristine v0.19.8 too (shrunk: the root is the z3 leaf, w and s
+# trainable, ops [linear], output leaf, x_grad, prefetch 0, reuse 0); "volume-module-run-twice": 112
+# bytes of frozen parameters all-gathered per step with checkpointing, 96 without (pristine v0.19.8
+# breaks I8 first).
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf", "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice",
-                "trainable-weight-released-in-recompute", "input-cut-by-detach", "no-grad-child-returns-its-input"),
-    "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "reentrant-module-run-twice",
-                "trainable-weight-released-in-recompute", "no-grad-child-returns-its-input"),
+                "trainable-weight-released-in-recompute", "input-cut-by-detach", "checkpointed-param-output-run-twice",
+                "no-grad-child-returns-its-input"),
+    "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
+                "reentrant-module-run-twice", "trainable-weight-released-in-recompute",
+                "checkpointed-param-output-run-twice", "volume-module-run-twice", "no-grad-child-returns-its-input"),
 }
 
 
@@ -372,6 +386,39 @@ def test_fuzz_volume_module_run_twice(fuzz_pool):
                                 "ops": [["child", 0, "module", 1, "none"], ["child", 0, "function", 1, "none"]],
                                 "output": "tensor", "z3_leaf": False}),
                     pristine_breaks="I7")
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_volume_module_run_twice_plain_then_checkpointed(fuzz_pool):
+    """Found on the v0.19.8 follow-up (tox -e fuzz-v0198): two forwards before one backward, each
+    calling a child plainly and then under module-level checkpointing, all-gather 112 bytes of
+    frozen parameters per step there, 96 without checkpointing. The v0.19.2 series keeps I10 (at
+    most): a guard for it."""
+    child = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]], "output": "tensor",
+             "z3_leaf": False}
+    run_volume_case(fuzz_pool,
+                    dict(_CASE, forwards=2, early_stop=True, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                         model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
+                                "ops": [["child", 0, "none", 1, "none"], ["child", 0, "module", 1, "none"]],
+                                "output": "tensor", "z3_leaf": False}),
+                    pristine_breaks="I1")
+
+
+@finding("error", "a child returning its own trainable vector (ZeRO-3 makes it an external parameter of the caller), "
+         "called under function-level checkpointing and then plainly: backward reads the vector partitioned "
+         "(RuntimeError: size of tensor a (4) must match b (0)), with early stop on or off. Trainable parameters "
+         "only, no frozen one needed; v0.19.2 and v0.19.8, pristine or patched, fail the same way")
+def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
+    """tox -e fuzz (30 minutes, seed of seeds 4035531494), run 4, shrunk; the frozen matrices of the
+    shrunk case are not needed (removed). Calling the child plainly first, or both times under the
+    same checkpointing, passes."""
+    child = {"params": {"w": "none", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "param",
+             "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "none", "s": "trainable"}, "children": [child],
+                         "ops": [["child", 0, "function", 1, "none"], ["child", 0, "none", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
 
 
 @finding("grad", "a child called under torch.no_grad returns its input unchanged: torch hands the caller that same "
