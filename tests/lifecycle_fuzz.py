@@ -10,7 +10,8 @@ Two ways to run it:
   ``--seconds`` (default $ZERO3_FUZZ_SECONDS, else 1800), keeping hypothesis's example database in
   ``.hypothesis/`` (git-ignored), and prints how many cases ran and which invariant each failure
   broke. ``--keep-going`` records every failing case and goes on instead of shrinking the first one
-  (a census of how often each invariant breaks).
+  (a census of how often each invariant breaks). Ctrl-C stops it with the same summary and
+  exit status 130.
 
 Nothing here knows the DeepSpeed release or patch series under test: the search checks the
 invariants of whatever DeepSpeed the rank processes import.
@@ -333,32 +334,43 @@ def main(argv=None):
     findings = collections.Counter()
     t0 = time.monotonic()
     deadline = t0 + args.seconds
-    with RankPool(2, name="fuzz") as pool:
-        run = 0
-        while time.monotonic() < deadline:
-            seed = rng.getrandbits(64)
-            print(f"== run {run}: seed {seed} ({time.monotonic() - t0:.0f} s in)", flush=True)
-            try:
-                # only the first run replays the database's failures; later ones look for new ones
-                search(pool, max_examples=args.chunk, seed=seed, database=database, reuse=run == 0,
-                       keep_going=args.keep_going, stats=stats, skip=skip)
-            except hypothesis.errors.Unsatisfiable:
-                pass  # every case drawn was invalid or skipped
-            except (AssertionError, BaseExceptionGroup) as error:
-                tags = _tags(error)
-                findings.update(tags)
-                print(f"== run {run} found: {', '.join(tags)}; the shrunk case and a paste-ready test:", flush=True)
-                print("\n".join(_notes(error)) or "(hypothesis reported no case)", flush=True)
-            run += 1
-            print(stats.summary(), flush=True)
-    print(f"\n== lifecycle fuzz: {run} runs in {time.monotonic() - t0:.0f} s")
+    run = 0
+    try:
+        with RankPool(2, name="fuzz") as pool:
+            while time.monotonic() < deadline:
+                seed = rng.getrandbits(64)
+                print(f"== run {run}: seed {seed} ({time.monotonic() - t0:.0f} s in)", flush=True)
+                try:
+                    # only the first run replays the database's failures; later ones look for new ones
+                    search(pool, max_examples=args.chunk, seed=seed, database=database, reuse=run == 0,
+                           keep_going=args.keep_going, stats=stats, skip=skip)
+                except hypothesis.errors.Unsatisfiable:
+                    pass  # every case drawn was invalid or skipped
+                except (AssertionError, BaseExceptionGroup) as error:
+                    tags = _tags(error)
+                    findings.update(tags)
+                    print(f"== run {run} found: {', '.join(tags)}; the shrunk case and a paste-ready test:",
+                          flush=True)
+                    print("\n".join(_notes(error)) or "(hypothesis reported no case)", flush=True)
+                run += 1
+                print(stats.summary(), flush=True)
+    except KeyboardInterrupt:
+        # what the search found so far is the point of a long run: report it, then exit as SIGINT does
+        print(f"\n== lifecycle fuzz interrupted in run {run}")
+        _report(stats, findings, run, time.monotonic() - t0)
+        return 130
+    _report(stats, findings, run, time.monotonic() - t0)
+    return 1 if stats.failures else 0
+
+
+def _report(stats, findings, runs, seconds):
+    print(f"\n== lifecycle fuzz: {runs} runs in {seconds:.0f} s")
     print(stats.summary())
     if findings:
         print("shrunk findings by invariant: " + ", ".join(f"{tag} x{n}" for tag, n in sorted(findings.items())))
     for tag, (summary, case) in sorted(stats.examples.items()):
         literal = pprint.pformat(case, width=100, sort_dicts=False)
         print(f"\nfirst case that broke {tag} (unshrunk): {summary}\n{literal}")
-    return 1 if stats.failures else 0
 
 
 if __name__ == "__main__":

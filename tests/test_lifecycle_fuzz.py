@@ -483,3 +483,36 @@ def test_a_finding_reaches_the_fuzz_log_with_its_shrunk_case():
         fails_from_ten()
     text = "\n".join(lifecycle_fuzz._notes(raised.value))
     assert "fails_from_ten(\n    n=10," in text and "paste-ready regression test: n=10" in text
+
+
+def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
+    """Ctrl-C during `python -m tests.lifecycle_fuzz` ends the search with the same summary a finished
+    one prints (cases run, findings by invariant) and exit status 130, not with a traceback that
+    loses what the minutes before found."""
+
+    class NoRanks:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def interrupted_search(pool, *, stats, **kwargs):
+        stats.cases += 3
+        stats.failures["I1"] += 1
+        stats.examples["I1"] = ("root: still gathered after backward", {"steps": 1})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle_fuzz, "RankPool", NoRanks)
+    monkeypatch.setattr(lifecycle_fuzz, "search", interrupted_search)
+    try:
+        status = lifecycle_fuzz.main(["--seconds", "60", "--database", "", "--seed", "1"])
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main() without the search's summary")
+    out = capsys.readouterr().out
+    assert status == 130
+    assert "interrupted" in out and "3 cases ran" in out
+    assert "first case that broke I1 (unshrunk): root: still gathered after backward" in out
