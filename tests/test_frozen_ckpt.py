@@ -19,7 +19,7 @@ import pytest
 from tests.bases import series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 7  # fix patches; 0008 adds tests only
+SERIES_LENGTH = 8  # fix patches; 0009 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -149,6 +149,14 @@ def test_quantized_base_keeps_weight_on_ctx(scenario, checkpointing):
 def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
     """The first block's input needs no grad; gradient accumulation 2 over 2 optimizer steps."""
     scenario(f"{FROZEN}:no_grad_input", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(8)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("checkpointing", ["module", "reentrant", "none"])
+def test_no_grad_module_passes_its_input_through(scenario, checkpointing):
+    """A module under torch.no_grad() returns its input: the blocks before it still get their gradient."""
+    scenario(f"{FROZEN}:no_grad_pass_through", checkpointing=checkpointing)
 
 
 @pytest.mark.needs_patch(5)

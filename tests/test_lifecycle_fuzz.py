@@ -73,10 +73,6 @@ def finding_families(case):
             node["output"] == "param" and node["params"]["s"] == "trainable" for node in tree),
         "volume-module-run-twice": (case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"]
                                     and bool(modes - {"none", "reentrant"}) and runs_twice),
-        "no-grad-child-returns-its-input": any(
-            op[0] == "nograd" and node["children"]
-            and _returns_its_input(node["children"][op[1] % len(node["children"])], tree)
-            for node in tree for op in node["ops"]),
     }
     return [family for family, matches in families.items() if matches]
 
@@ -84,8 +80,9 @@ def finding_families(case):
 # The open findings of each series. On the v0.19.8 follow-up, every shrunk case below was run
 # (installed tree, 2 ranks on CPU): the input-cut families hold there (release_backward_leftovers
 # sweeps at the end of backward what no post-backward released), so does a z3 leaf fed an input that
-# needs no grad (PR 6); the other z3 leaf findings, both reentrant run-twice and recompute-release
-# findings, the checkpointed param output and the no-grad child break as on the v0.19.2 series.
+# needs no grad (PR 6), and a child under no_grad that returns its input (PR 7, 0008 of the v0.19.2
+# series); the other z3 leaf findings, both reentrant run-twice and recompute-release findings and the
+# checkpointed param output break as on the v0.19.2 series.
 # Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
 # input-cut-by-detach): "z3-leaf-leaf-output", a z3 leaf whose output a hook makes a leaf: wrong
@@ -95,11 +92,10 @@ def finding_families(case):
 # breaks I8 first).
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf", "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice",
-                "trainable-weight-released-in-recompute", "input-cut-by-detach", "checkpointed-param-output-run-twice",
-                "no-grad-child-returns-its-input"),
+                "trainable-weight-released-in-recompute", "input-cut-by-detach", "checkpointed-param-output-run-twice"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "trainable-weight-released-in-recompute",
-                "checkpointed-param-output-run-twice", "volume-module-run-twice", "no-grad-child-returns-its-input"),
+                "checkpointed-param-output-run-twice", "volume-module-run-twice"),
 }
 
 
@@ -112,26 +108,6 @@ def known_finding(case):
 def known_finding_v0198(case):
     """The same for the v0.19.8 follow-up series (``tox -e fuzz-v0198``)."""
     return next((f for f in finding_families(case) if f in OPEN_FINDINGS["v0.19.8"]), None)
-
-
-def _returns_its_input(node, tree):
-    """Whether ``node``, called with one tensor under torch.no_grad, may return that very tensor: its
-    output is h and every op leaves h alone (a parameter it lacks, no module to read an external
-    vector from, a child call whose child may return its input; a checkpointed call counts too)."""
-    if node["output"] not in ("tensor", "param") or (node["output"] == "param" and node["params"]["s"] != "none"):
-        return False
-    # the vectors of the other modules (counted, not compared by identity: a case may list one node twice)
-    vectors = sum(other["params"]["s"] != "none" for other in tree) - (node["params"]["s"] != "none")
-    for op in node["ops"]:
-        if op[0] in ("child", "nograd") and not node["children"]:
-            continue
-        kid = node["children"][op[1] % len(node["children"])] if op[0] in ("child", "nograd") else None
-        if not (op[0] == "linear" and node["params"]["w"] == "none"
-                or op[0] == "scale" and node["params"]["s"] == "none"
-                or op[0] == "external" and not vectors
-                or op[0] == "child" and op[2] != "function-relu" and _returns_its_input(kid, tree)):
-            return False
-    return True
 
 
 @pytest.mark.invariants("I1", "I7", "I8", "I10")
@@ -421,26 +397,26 @@ def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
                          "output": "tensor", "z3_leaf": False}))
 
 
-@finding("grad", "a child called under torch.no_grad returns its input unchanged: torch hands the caller that same "
-         "grad-requiring tensor, ZeRO-3 detaches it (its forward hooks pass the child's inputs and outputs through "
-         "autograd Functions, which return detached tensors under no_grad), so the caller's gradient through the "
-         "child is lost: root.w off by 1.336. Not the series: v0.19.2 and v0.19.8, pristine or patched, fail too")
+@pytest.mark.needs_patch(8)
+@pytest.mark.invariants("I1")
 def test_fuzz_no_grad_child_returns_its_input(fuzz_pool):
-    """Fuzz run 104 (seed 678684190630930457), shrunk. The cut is in both wrappers of
-    deepspeed/runtime/zero/parameter_offload.py (v0.19.2 lines: _post_backward_module_hook, 409, wraps
-    the inputs in PostBackwardFunctionModule; _pre_backward_module_hook, 381, the outputs in
-    PreBackwardFunctionForModule; both forwards return ``.detach()``): with only one of them skipped
-    the gradient is still wrong. A fix would return inputs and outputs unwrapped while
-    ``torch.is_grad_enabled()`` is False. That is safe: under no_grad autograd records no node for
-    the Functions, so their backward (the pre- and post-backward triggers) can never run; wrapping
-    only detaches, and its setup_context counts a backward that never comes. Reentrant checkpointing
-    runs its first forward under no_grad, so its counts change and its tests must be re-run."""
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "none", "s": "trainable"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["linear"], ["nograd", 0]], "output": "tensor", "z3_leaf": False}))
+    """Once a finding (fuzz run 104, seed 678684190630930457, shrunk): a child called under
+    torch.no_grad returns its input unchanged. Torch hands the caller that same grad-requiring
+    tensor; ZeRO-3's forward hooks passed the child's inputs and outputs through autograd Functions
+    that return detached tensors and, under no_grad, attach no node, so the caller's gradient
+    through the child was lost (root.w off by 1.336). 0008 leaves a no_grad invocation's tensors to
+    torch. Pristine v0.19.2 leaks first (I1: the root's input no longer requires grad), the
+    prefixes without 0008 break the gradient."""
+    case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                model={"params": {"w": "trainable", "s": "trainable"},
+                       "children": [{"params": {"w": "none", "s": "trainable"}, "children": [],
+                                     "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                       "ops": [["linear"], ["nograd", 0]], "output": "tensor", "z3_leaf": False})
+    if applied_patches() < 8:
+        with pytest.raises((violation("I1"), violation("grad"))):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)
 
 
 @pytest.mark.skipif(applied_patches() < SERIES_LENGTH,

@@ -110,6 +110,14 @@ def no_grad_input(*, checkpointing="module", gas=2, steps=2):
                             gas=gas)
 
 
+def no_grad_pass_through(*, checkpointing="module"):
+    """A module called under torch.no_grad() returns its input unchanged; the head reads that
+    tensor. v0.19.2: ZeRO-3's backward-hook Functions hand the caller a detached copy, so the blocks
+    get no gradient (0 against the reference) and the head stays gathered after backward."""
+    factory = functools.partial(models.no_grad_probe_stack, DIM, 2, checkpointing)
+    return _build_and_train(factory, lifecycle_config())
+
+
 def persistent_norms(*, checkpointing="module", steps=3):
     """stage3_param_persistence_threshold makes exactly the frozen norms persistent (the Linears
     have no bias). While the first step records the trace, ZeRO-3 releases persistent parameters

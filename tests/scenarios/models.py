@@ -190,6 +190,42 @@ def frozen_norm_stack(dim=8, depth=2, checkpointing="module", relu=False, repeat
     return Stack(blocks, dim, checkpointing, repeat=repeat, bias=bias)
 
 
+class PassThroughProbe(torch.nn.Module):
+    """Reads a frozen weight for a statistic and returns its input unchanged (a probe, an adapter
+    switched off)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim), requires_grad=False)
+
+    def forward(self, x):
+        self.statistic = (x * self.weight).sum()
+        return x
+
+
+class NoGradProbeStack(Stack):
+    """Blocks, then a PassThroughProbe called under torch.no_grad(), then the head: torch hands the
+    head the blocks' output itself, so the blocks' gradients flow around the probe."""
+
+    def __init__(self, blocks, dim, checkpointing="module"):
+        super().__init__(blocks, dim, checkpointing)
+        self.probe = PassThroughProbe(dim)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = run_checkpointed(block, self.checkpointing, x)
+        with torch.no_grad():
+            x = self.probe(x)
+        return self.head(x).pow(2).mean()
+
+
+def no_grad_probe_stack(dim=8, depth=2, checkpointing="module"):
+    blocks = [NormLinear(dim) for _ in range(depth)]
+    for block in blocks:
+        block.norm.requires_grad_(False)
+    return NoGradProbeStack(blocks, dim, checkpointing)
+
+
 def trainable_stack(dim=8, depth=2, checkpointing="module"):
     return Stack([NormLinear(dim) for _ in range(depth)], dim, checkpointing)
 
