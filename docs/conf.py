@@ -47,8 +47,22 @@ invariants_tests_page = "test-matrix"
 # measured; the build fails when one differs from patches/ now (docs/_ext/stamps.py), except for
 # the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
-# ({path relative to generated_dir: why}; every input is current today.)
-generated_historical = {}
+# ({path relative to generated_dir: why}.)
+_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-9 adds only 0008, which skips "
+                    "ZeRO-3's backward-hook wrapping while grad is disabled, and the benchmark's models run no "
+                    "ZeRO-3 module under torch.no_grad (the reentrant variant runs pristine v0.19.2)")
+_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PR 7, which skips ZeRO-3's "
+                    "backward-hook wrapping while grad is disabled; the benchmark's model runs no ZeRO-3 module "
+                    "under torch.no_grad")
+generated_historical = {
+    "bench.md": _GPU_BENCH_V0192,
+    "bench.png": _GPU_BENCH_V0192,
+    "bench-runs/batch4/": _GPU_BENCH_V0192,
+    "bench-followup-v0.19.8.md": _GPU_BENCH_V0198,
+    "bench-followup-v0.19.8.png": _GPU_BENCH_V0198,
+    # the follow-up's runs, and the floor and v0.19.8 runs of the same bench (stamped with series-8)
+    "bench-runs/followup-v0.19.8/": _GPU_BENCH_V0198,
+}
 
 html_theme = "furo"
 html_title = "zero3-frozen-ckpt"
