@@ -55,6 +55,8 @@ V0198 = {
     "test_no_grad_block_input_with_accumulation": 0,  # release_backward_leftovers() (#8148)
     # v0.19.8: the blocks' gradients 0 (the no_grad module hands the head a detached copy)
     "test_no_grad_module_passes_its_input_through": 7,
+    # open on both bases: wrong gradients on v0.19.8, a crash in backward with PR 7
+    "test_no_grad_module_reenabling_grad_inside": GAP,
     "test_persistent_norms_stay_gathered": 4,  # v0.19.8: available-parameter count negative (-32)
     "test_z3_leaf_module_with_several_outputs": 0,
     "test_fast_sharding_leaf_modules": 1,  # v0.19.8: CheckpointError, recomputed shape [1] (2 alone fixes it too)

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from tests.bases import series_length
+from tests.bases import GAP, series_length
 from tests.harness import ScenarioFailed
 
 SERIES_LENGTH = 8  # fix patches; 0009 adds tests only
@@ -157,6 +157,14 @@ def test_no_grad_block_input_with_accumulation(scenario, checkpointing):
 def test_no_grad_module_passes_its_input_through(scenario, checkpointing):
     """A module under torch.no_grad() returns its input: the blocks before it still get their gradient."""
     scenario(f"{FROZEN}:no_grad_pass_through", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(GAP)
+@pytest.mark.invariants("I1")
+def test_no_grad_module_reenabling_grad_inside(scenario):
+    """Open: a module under torch.no_grad() that re-enables grad inside: wrong gradients on v0.19.2,
+    a crash in backward with the whole series (the scenario must fail on every tree until fixed)."""
+    scenario(f"{FROZEN}:no_grad_module_reenabling_grad")
 
 
 @pytest.mark.needs_patch(5)

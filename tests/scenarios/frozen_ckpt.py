@@ -118,6 +118,17 @@ def no_grad_pass_through(*, checkpointing="module"):
     return _build_and_train(factory, lifecycle_config())
 
 
+def no_grad_module_reenabling_grad(*, checkpointing="module"):
+    """A module called under torch.no_grad() turns grad back on inside its forward and uses its
+    own trainable parameters there (an open problem, found by review). v0.19.2 and v0.19.8: the
+    pre-backward wrapping detaches its output, so every module before it and its own parameters
+    get wrong gradients, silently. With 0008 (PR 7), which leaves a no_grad invocation to torch,
+    its pre-backward is not armed either, and backward reads its parameter partitioned:
+    RuntimeError (size of tensor a (8) must match b (0))."""
+    factory = functools.partial(models.no_grad_probe_stack, DIM, 2, checkpointing, reenables_grad=True)
+    return _build_and_train(factory, lifecycle_config())
+
+
 def persistent_norms(*, checkpointing="module", steps=3):
     """stage3_param_persistence_threshold makes exactly the frozen norms persistent (the Linears
     have no bias). While the first step records the trace, ZeRO-3 releases persistent parameters

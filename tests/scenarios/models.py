@@ -203,13 +203,27 @@ class PassThroughProbe(torch.nn.Module):
         return x
 
 
-class NoGradProbeStack(Stack):
-    """Blocks, then a PassThroughProbe called under torch.no_grad(), then the head: torch hands the
-    head the blocks' output itself, so the blocks' gradients flow around the probe."""
+class ReenablesGrad(torch.nn.Module):
+    """Turns grad back on inside its forward and uses its own trainable parameters there: called
+    under torch.no_grad(), its output still has autograd history through them."""
 
-    def __init__(self, blocks, dim, checkpointing="module"):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.scale = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        with torch.enable_grad():
+            return self.lin(x) * self.scale
+
+
+class NoGradProbeStack(Stack):
+    """Blocks, then ``probe`` (default a PassThroughProbe) called under torch.no_grad(), then the
+    head: torch hands the head what the probe returns, autograd history and all."""
+
+    def __init__(self, blocks, dim, checkpointing="module", probe=None):
         super().__init__(blocks, dim, checkpointing)
-        self.probe = PassThroughProbe(dim)
+        self.probe = probe if probe is not None else PassThroughProbe(dim)
 
     def forward(self, x):
         for block in self.blocks:
@@ -219,11 +233,11 @@ class NoGradProbeStack(Stack):
         return self.head(x).pow(2).mean()
 
 
-def no_grad_probe_stack(dim=8, depth=2, checkpointing="module"):
+def no_grad_probe_stack(dim=8, depth=2, checkpointing="module", reenables_grad=False):
     blocks = [NormLinear(dim) for _ in range(depth)]
     for block in blocks:
         block.norm.requires_grad_(False)
-    return NoGradProbeStack(blocks, dim, checkpointing)
+    return NoGradProbeStack(blocks, dim, checkpointing, probe=ReenablesGrad(dim) if reenables_grad else None)
 
 
 def trainable_stack(dim=8, depth=2, checkpointing="module"):
