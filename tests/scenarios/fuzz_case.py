@@ -23,3 +23,18 @@ def may_run_a_module_twice(case):
              if op[0] in ("child", "nograd") and node["children"]]
     return (case["forwards"] > 1 or len(calls) != len(set(calls))
             or any(op[0] == "child" and op[3] > 1 for node in tree for op in node["ops"]))
+
+
+def returns_a_parameter_through_a_reentrant_checkpoint(case):
+    """Whether a child checkpointed with use_reentrant=True returns its own parameter (output
+    "param"). Torch's CheckpointFunction returns that parameter as an output of its own and so gives
+    it a grad_fn (a frozen one starts to require grad); backward through it then reruns the same
+    checkpoint from inside its own backward without end, in plain torch as under ZeRO-3. Such a case
+    is not a valid torch model."""
+    for node in nodes(case):
+        for op in node["ops"]:
+            if op[0] == "child" and op[2] == "reentrant" and node["children"]:
+                child = node["children"][op[1] % len(node["children"])]
+                if child["output"] == "param" and child["params"]["s"] != "none":
+                    return True
+    return False
