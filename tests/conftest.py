@@ -123,3 +123,14 @@ def hf_pool(rank_pool):
     pool = RankPool(rank_pool.world_size, name="hf")
     yield pool
     pool.close()
+
+
+@pytest.fixture(scope="module")
+def fuzz_pool(rank_pool):
+    """Rank processes of their own for lifecycle fuzz cases (tests/test_lifecycle_fuzz.py, the
+    follow-up's fuzz findings in tests/test_v0198.py): a failing case kills its ranks, and the drawn
+    models register z3 leaf flags and hooks on module instances only, but nothing else should share
+    a failure's restart."""
+    pool = RankPool(rank_pool.world_size, name="fuzz")
+    yield pool
+    pool.close()

@@ -56,7 +56,7 @@ from deepspeed.utils import set_z3_leaf_module
 
 from tests.scenarios import models
 from tests.scenarios.fuzz_case import (may_run_a_module_twice, nodes,
-                                      returns_a_parameter_through_a_reentrant_checkpoint)
+                                       returns_a_parameter_through_a_reentrant_checkpoint)
 from tests.scenarios.zero3 import (assert_forward_stack_clean, assert_grads_match, available_numel_counter, batch,
                                    build, count_all_gathers, lifecycle_config, lifecycle_violations, sync_reference)
 
