@@ -492,12 +492,13 @@ def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
 
 @pytest.mark.needs_patch(0)
 def test_fuzz_rejects_a_parameter_returned_through_a_reentrant_checkpoint(fuzz_pool):
-    """Once a hang of the fuzzer itself (tox -e fuzz, run 55, seed 2435701340260411931): a child
-    checkpointed with use_reentrant=True returns its own parameter. Torch's CheckpointFunction makes
-    that parameter an output of its own, giving the parameter a grad_fn, so the plain torch
-    reference's backward reruns the checkpoint from inside itself without end (a new autograd thread
-    per level) and the rank never answered. Not a DeepSpeed finding: the case is not a valid torch
-    model, and the fuzzer must reject it as one. The same on every tree."""
+    """Once a hang of the fuzzer itself (a 30-minute search of series-9, run 55, seed
+    2435701340260411931): a child checkpointed with use_reentrant=True returns its own parameter.
+    Torch's CheckpointFunction makes that parameter an output of its own, giving the parameter a
+    grad_fn, so the plain torch reference's backward reruns the checkpoint from inside itself
+    without end (a new autograd thread per level) and the rank never answered. Not a DeepSpeed
+    finding: the case is not a valid torch model, and the fuzzer must reject it as one. The same on
+    every tree."""
     case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                 zero={"gas": 2, "prefetch": "0", "reuse": "default", "persistence": "0"},
                 model={"params": {"w": "frozen", "s": "trainable"},

@@ -6,9 +6,9 @@ shared scenarios; they run in the Hugging Face scenarios' rank pool (hf_pool, te
 
 import pytest
 
-from tests import lifecycle_fuzz
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
+from tests.test_lifecycle_fuzz import run_case, violation
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -52,13 +52,14 @@ def test_leaf_recompute_attribution(small_scenario, topology):
         print(f"{topology}: {attribution[0]}")
 
 
-@pytest.mark.xfail(strict=True, raises=lifecycle_fuzz.violation_class("I1"),
+@pytest.mark.xfail(strict=True, raises=violation("I1"),
                    reason="z3 leaf with a frozen weight whose output needs no grad, default reuse distance: "
                    "the weight stays gathered after backward from step 1 on; pristine v0.19.8 too")
 def test_fuzz_z3_leaf_frozen_weight_kept_by_reuse(fuzz_pool):
-    """A lifecycle fuzz finding on the follow-up (tox -e fuzz-v0198, seed of seeds 11965896, run 4,
-    shrunk), open: a z3 leaf root with a frozen weight, fed an input that needs no grad, so nothing
-    of it has a backward. With DeepSpeed's default stage3_max_reuse_distance the weight is still
+    """A lifecycle fuzz finding on the follow-up (the fuzz-v0198 search, python -m
+    tests.lifecycle_fuzz --skip-known tests.test_lifecycle_fuzz:known_finding_v0198, seed of seeds
+    11965896, run 4, shrunk), open: a z3 leaf root with a frozen weight, fed an input that needs no
+    grad, so nothing of it has a backward. With DeepSpeed's default stage3_max_reuse_distance the weight is still
     AVAILABLE after the backward of step 1 (step 0 records the trace). The same case passes with
     reuse distance 0, with a trainable weight (PR 6), or when the module is not a z3 leaf. Pristine
     v0.19.8, PR 6 alone and the whole follow-up fail alike; on the v0.19.2 series it is part of the
@@ -67,6 +68,4 @@ def test_fuzz_z3_leaf_frozen_weight_kept_by_reuse(fuzz_pool):
                                 "output": "tensor", "z3_leaf": True},
             "inputs": {"x_grad": False, "aux": "none", "aux_grad": False}, "forwards": 1, "early_stop": False,
             "zero": {"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}, "steps": 2}
-    found, _ = lifecycle_fuzz.check(fuzz_pool, case)
-    if found:
-        lifecycle_fuzz.raise_violation(*found)
+    run_case(fuzz_pool, case)
