@@ -57,6 +57,8 @@ V0198 = {
     "test_no_grad_module_passes_its_input_through": 7,
     # open on both bases: wrong gradients on v0.19.8, a crash in backward with PR 7
     "test_no_grad_module_reenabling_grad_inside": GAP,
+    # v0.19.8 fails as v0.19.2 does: the recompute partitions the Linear's weight before AccumulateGrad
+    "test_recompute_without_early_stop": GAP,
     "test_persistent_norms_stay_gathered": 4,  # v0.19.8: available-parameter count negative (-32)
     "test_z3_leaf_module_with_several_outputs": 0,
     "test_fast_sharding_leaf_modules": 1,  # v0.19.8: CheckpointError, recomputed shape [1] (2 alone fixes it too)

@@ -19,7 +19,7 @@ import pytest
 from tests.bases import GAP, series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 8  # fix patches; 0009 adds tests only
+SERIES_LENGTH = 9  # fix patches; 0010 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -336,6 +336,17 @@ def test_early_stop_in_frozen_only_module(scenario, feed, where, defaults):
     any of three steps. "mixed": one invocation through an attribute, then one armed through its
     input, the recompute stopping inside the second. Lifecycle settings and DeepSpeed's defaults."""
     scenario(f"{EARLY_STOP}:early_stop_in_frozen_only_module", feed=feed, where=where, defaults=defaults)
+
+
+@pytest.mark.needs_patch(9)
+@pytest.mark.invariants("I1", "I2")
+@pytest.mark.parametrize("frozen_norm,defaults", [(True, False), (False, False), (True, True)],
+                         ids=["frozen-norm", "fully-trainable", "frozen-norm-defaults"])
+def test_recompute_without_early_stop(scenario, frozen_norm, defaults):
+    """set_checkpoint_early_stop(False): the recompute of a block whose last op is a Linear runs
+    that Linear's post-forward inside its own backward; the Linear's trainable weight stays
+    gathered until its post-backward (found by the lifecycle fuzzer, fully trainable too)."""
+    scenario(f"{EARLY_STOP}:recompute_without_early_stop", frozen_norm=frozen_norm, defaults=defaults)
 
 
 @pytest.mark.needs_patch(4)

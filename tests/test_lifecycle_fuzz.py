@@ -73,8 +73,9 @@ def finding_families(case):
 # (installed tree, 2 ranks on CPU): the input-cut families hold there (release_backward_leftovers
 # sweeps at the end of backward what no post-backward released), so does a z3 leaf fed an input that
 # needs no grad (PR 6), and a child under no_grad that returns its input (PR 7, 0008 of the v0.19.2
-# series); the other z3 leaf findings, both reentrant run-twice and recompute-release findings and the
-# checkpointed param output break as on the v0.19.2 series.
+# series); the other z3 leaf findings, both reentrant run-twice findings and the checkpointed param
+# output break as on the v0.19.2 series, and so does a trainable weight released by a recompute
+# without early stop, which 0009 fixed on the v0.19.2 series.
 # Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
 # input-cut-by-detach): "z3-leaf-leaf-output", a z3 leaf whose output a hook makes a leaf: wrong
@@ -87,8 +88,8 @@ def finding_families(case):
 # (tests/test_v0198.py: test_fuzz_z3_leaf_frozen_weight_kept_by_reuse). On the v0.19.2 series the
 # same case breaks the same way, inside the open "z3-leaf" family.
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf", "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice",
-                "trainable-weight-released-in-recompute", "input-cut-by-detach", "checkpointed-param-output-run-twice"),
+    "v0.19.2": ("z3-leaf", "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
+                "checkpointed-param-output-run-twice"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "trainable-weight-released-in-recompute",
                 "checkpointed-param-output-run-twice", "volume-module-run-twice", "z3-leaf-frozen-param-kept-by-reuse"),
@@ -237,18 +238,25 @@ def test_fuzz_input_cut_by_detach(fuzz_pool):
                          "z3_leaf": False}))
 
 
-@finding("error",
-         "fully trainable: with set_checkpoint_early_stop(False) the recompute of a module-level "
-         "non-reentrant checkpoint runs the module's post-forward, which partitions the trainable weight "
-         "F.linear saved (RuntimeError: size of tensor a (0) must match b (4)); 0005 keeps only frozen "
-         "parameters; v0.19.2 too")
+@pytest.mark.needs_patch(9)
+@pytest.mark.invariants("I1", "I2")
 def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "none", "s": "none"},
-                         "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+    """Once a finding: fully trainable, set_checkpoint_early_stop(False), a child checkpointed at
+    module level whose forward is one F.linear on its own weight. The recompute starts inside the
+    child's backward, after its pre-backward gathered the weight, and runs on through its
+    post-forward, which partitioned the weight before its gradient was accumulated (RuntimeError:
+    size of tensor a (0) must match b (4)). 0009 keeps it until the child's post-backward.
+    v0.19.2 and every prefix without 0009 fail the same way; v0.19.8 too."""
+    case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                model={"params": {"w": "none", "s": "none"},
+                       "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
+                                     "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                       "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False})
+    if applied_patches() < 9:
+        with pytest.raises(violation("error")):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)
 
 
 @pytest.mark.needs_patch(0)

@@ -1,5 +1,5 @@
 """The checkpoint recompute's early stop inside, or right after, a module that has only frozen
-parameters (issue 13, finding 8).
+parameters (issue 13, finding 8); and a recompute without early stop.
 
 What the pre-backward of one invocation of a module does (gather for its backward and run its
 post-backward through its inputs; gather and run it at the end of the graph task, the inputs
@@ -162,4 +162,66 @@ def early_stop_in_frozen_only_module(*, feed="attribute", where="inside", defaul
         f"recomputes of the frozen-only modules: {counts}, expected {invocations} entered and "
         f"{expected_finished} finished (early stop {where} the module)")
     result["recompute"] = counts
+    return result
+
+
+class LinearLastBlock(torch.nn.Module):
+    """A norm, then a Linear whose output is the block's. Under module-level checkpointing the first
+    saved tensor that backward unpacks is the Linear's, so the recompute starts inside the Linear's
+    backward, after its pre-backward gathered its weight; without early stop it runs on through
+    the Linear's post-forward."""
+
+    def __init__(self, dim, frozen_norm):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.norm.requires_grad_(not frozen_norm)
+        self.lin = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.lin(self.norm(x))
+
+
+class NoEarlyStopStack(torch.nn.Module):
+    """LinearLastBlocks checkpointed at module level (non-reentrant) with
+    ``set_checkpoint_early_stop(False)``, then a trainable head."""
+
+    def __init__(self, dim, depth, frozen_norm):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(LinearLastBlock(dim, frozen_norm) for _ in range(depth))
+        self.head = torch.nn.Linear(dim, 2)
+
+    def forward(self, x):
+        with set_checkpoint_early_stop(False):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+        return self.head(x).pow(2).mean()
+
+
+def recompute_without_early_stop(*, frozen_norm=True, defaults=False, steps=3, depth=2):
+    """Blocks norm -> Linear, checkpointed without early stop: each recompute runs the Linear's
+    post-forward inside the Linear's own backward. Its trainable weight must stay gathered until
+    the Linear's post-backward (its gradient is accumulated after the recompute), and every
+    backward must leave everything released, with gradients exactly the reference's. v0.19.2:
+    CheckpointError with a frozen norm; a fully trainable model and the series up to 0008 fail in
+    the weight's AccumulateGrad (RuntimeError: a gradient of shape [8, 8] for a parameter of shape
+    [0])."""
+    dim = DEFAULTS_DIM if defaults else DIM
+    engine, reference = build(functools.partial(NoEarlyStopStack, dim, depth, frozen_norm),
+                              lifecycle_config(defaults=defaults))
+    finished = [0]
+
+    def linear_finished_in_recompute(module, args, output):
+        finished[0] += torch._C._current_graph_task_id() != -1
+
+    for block in engine.module.blocks:
+        block.lin.register_forward_hook(linear_finished_in_recompute)
+    try:
+        result = train(engine,
+                       reference,
+                       lambda step: (batch(step, (2, dim), device=engine.device), ),
+                       steps=steps)
+    finally:
+        engine.destroy()
+    # without early stop every recompute runs the Linear to its end, or this tests something else
+    assert finished[0] == steps * depth, f"{finished[0]} recomputes ran a Linear's post-forward, expected {steps * depth}"
     return result
