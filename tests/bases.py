@@ -40,8 +40,8 @@ NOT_APPLICABLE = "not applicable"
 # does not release, 2 a recompute's frozen params belong to the module recomputed, 3 no pre-backward
 # gather for a module whose output is a leaf, 4 the available-param count subtracts only what it
 # counted, 5 stale FWD_MODULE_STACK entries dropped at the root forward, 6 a z3 leaf's grads reduced
-# after its backward when no input needs grad, 7 a no_grad module's inputs and outputs left to torch.
-# The patches are independent (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the
+# after its backward when no input needs grad, 7 a no_grad module's inputs and outputs left to torch,
+# 8 a module's trainable params kept across a recompute inside its own backward. The patches are independent (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the
 # first n".
 V0198 = {
     "test_frozen_norm": 0,
@@ -58,7 +58,7 @@ V0198 = {
     # open on both bases: wrong gradients on v0.19.8, a crash in backward with PR 7
     "test_no_grad_module_reenabling_grad_inside": GAP,
     # v0.19.8 fails as v0.19.2 does: the recompute partitions the Linear's weight before AccumulateGrad
-    "test_recompute_without_early_stop": GAP,
+    "test_recompute_without_early_stop": 8,
     "test_persistent_norms_stay_gathered": 4,  # v0.19.8: available-parameter count negative (-32)
     "test_z3_leaf_module_with_several_outputs": 0,
     "test_fast_sharding_leaf_modules": 1,  # v0.19.8: CheckpointError, recomputed shape [1] (2 alone fixes it too)
