@@ -434,21 +434,35 @@ _LITERAL = r'f?"(?:[^"\\\n]|\\.)*"'
 _MESSAGE = re.compile(r'f?"ZeRO-3 (?:[^"\\\n]|\\.)*"(?:\s*' + _LITERAL + r')*')
 
 
+def _messages_touched(lines, marker):
+    """The messages in one side of a hunk (``lines``: (prefix, text) pairs) that include a line with
+    prefix ``marker``: a message whose first line a patch changes may go on in unchanged context."""
+    text, touched_at = "", []
+    for prefix, line in lines:
+        if prefix == marker:
+            touched_at.append((len(text), len(text) + len(line)))
+        text += line + "\n"
+    found = []
+    for match in _MESSAGE.finditer(text):
+        if any(start < match.end() and match.start() < end for start, end in touched_at):
+            found.append("".join(re.findall(r'f?"((?:[^"\\\n]|\\.)*)"', match.group(0))).replace('\\"', '"'))
+    return found
+
+
 def _deepspeed_messages(series_dir):
-    """The messages the series adds to DeepSpeed's source (not to its tests), each as a regex in
-    which an f-string's {field} matches any text."""
-    patterns = {}
+    """The messages DeepSpeed's source prints once the whole series is applied (not those of its
+    tests), each as a regex in which an f-string's {field} matches any text. Patches are read in
+    order: a message a later patch changes replaces the earlier one."""
+    messages = set()
     for patch in sorted(series_dir.glob("0*.patch")):
         for diff in re.split(r"(?m)^diff --git ", patch.read_text(encoding="utf-8"))[1:]:
             if not diff.startswith("a/deepspeed/"):
                 continue
-            added = "\n".join(line[1:] for line in diff.splitlines()
-                              if line.startswith("+") and not line.startswith("+++"))
-            for match in _MESSAGE.finditer(added):
-                text = "".join(re.findall(r'f?"((?:[^"\\\n]|\\.)*)"', match.group(0))).replace('\\"', '"')
-                parts = re.split(r"\{[^{}]*\}", text)
-                patterns[text] = re.compile(".+".join(map(re.escape, parts)))
-    return patterns
+            for hunk in re.split(r"(?m)^@@[^\n]*\n", diff)[1:]:
+                lines = [(line[:1], line[1:]) for line in hunk.splitlines() if line[:1] in (" ", "+", "-")]
+                messages.difference_update(_messages_touched([l for l in lines if l[0] != "+"], "-"))
+                messages.update(_messages_touched([l for l in lines if l[0] != "-"], "+"))
+    return {text: re.compile(".+".join(map(re.escape, re.split(r"\{[^{}]*\}", text)))) for text in messages}
 
 
 def test_troubleshooting_quotes_every_deepspeed_message_exactly():
