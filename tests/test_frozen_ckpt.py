@@ -349,6 +349,15 @@ def test_recompute_without_early_stop(scenario, frozen_norm, defaults):
     scenario(f"{EARLY_STOP}:recompute_without_early_stop", frozen_norm=frozen_norm, defaults=defaults)
 
 
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
+def test_trainable_bias_released_by_early_stopped_recompute(scenario):
+    """A guard for 0009 (a review finding on PR 8's first version, which kept the bias gathered
+    on top of PR 2): with early stop on, a frozen-weight Linear's trainable bias is still
+    partitioned at its recompute's post-forward, which runs before its backward starts."""
+    scenario(f"{EARLY_STOP}:trainable_bias_released_by_early_stopped_recompute")
+
+
 @pytest.mark.needs_patch(4)
 @pytest.mark.invariants("I1", "I5")
 @pytest.mark.parametrize("checkpointing", ["none", "module"])

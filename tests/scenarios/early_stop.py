@@ -225,3 +225,45 @@ def recompute_without_early_stop(*, frozen_norm=True, defaults=False, steps=3, d
     # without early stop every recompute runs the Linear to its end, or this tests something else
     assert finished[0] == steps * depth, f"{finished[0]} recomputes ran a Linear's post-forward, expected {steps * depth}"
     return result
+
+
+class FrozenWeightTrainableBias(torch.nn.Module):
+    """A Linear with a frozen weight and a trainable bias (BitFit), checkpointed in a function that
+    goes on past it (a relu saves its output), early stop on: the recompute runs the Linear's
+    post-forward before the Linear's backward starts."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+        self.lin.weight.requires_grad_(False)
+        self.head = torch.nn.Linear(dim, 2)
+
+    def forward(self, x):
+        with set_checkpoint_early_stop(True):
+            h = checkpoint(lambda t: torch.relu(self.lin(t)), x, use_reentrant=False)
+        return self.head(h).pow(2).mean()
+
+
+def trainable_bias_released_by_early_stopped_recompute(*, steps=2):
+    """The recompute of a module whose backward has not started releases its trainable params at
+    its post-forward, as without the series: only a recompute inside the module's own backward
+    keeps them (0009, PR 8). Observed from a hook that runs right after ZeRO-3's post-forward, in
+    every recompute; plus the usual quiescence and exact gradients."""
+    engine, reference = build(functools.partial(FrozenWeightTrainableBias, DIM), lifecycle_config())
+    seen = []
+
+    def after_post_forward(module, args, output):
+        if torch._C._current_graph_task_id() != -1:
+            seen.append(module.bias.ds_status.name)
+
+    engine.module.lin.register_forward_hook(after_post_forward)
+    try:
+        result = train(engine,
+                       reference,
+                       lambda step: (batch(step, (2, DIM), device=engine.device, requires_grad=True), ),
+                       steps=steps)
+    finally:
+        engine.destroy()
+    assert seen == ["NOT_AVAILABLE"] * steps, (
+        f"the bias after each recompute's post-forward: {seen}, expected it partitioned every time")
+    return result
