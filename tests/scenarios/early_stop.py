@@ -101,19 +101,28 @@ class EarlyStopBlock(torch.nn.Module):
         return torch.relu(y) if self.where == "after" else y
 
 
-class EarlyStopStack(torch.nn.Module):
-    """Blocks checkpointed at module level (non-reentrant, early stop on), then a trainable head."""
+class CheckpointedStack(torch.nn.Module):
+    """Blocks checkpointed at module level (non-reentrant, early stop as ``early_stop`` says), then
+    a trainable head."""
 
-    def __init__(self, dim, depth, feed, where):
+    def __init__(self, blocks, dim, early_stop):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(EarlyStopBlock(dim, feed, where) for _ in range(depth))
+        self.blocks = torch.nn.ModuleList(blocks)
         self.head = torch.nn.Linear(dim, 2)
+        self.early_stop = early_stop
 
     def forward(self, x):
-        with set_checkpoint_early_stop(True):
+        with set_checkpoint_early_stop(self.early_stop):
             for block in self.blocks:
                 x = checkpoint(block, x, use_reentrant=False)
         return self.head(x).pow(2).mean()
+
+
+class EarlyStopStack(CheckpointedStack):
+    """EarlyStopBlocks, early stop on."""
+
+    def __init__(self, dim, depth, feed, where):
+        super().__init__([EarlyStopBlock(dim, feed, where) for _ in range(depth)], dim, early_stop=True)
 
 
 def _count_recompute_entries_and_exits(model):
@@ -181,20 +190,11 @@ class LinearLastBlock(torch.nn.Module):
         return self.lin(self.norm(x))
 
 
-class NoEarlyStopStack(torch.nn.Module):
-    """LinearLastBlocks checkpointed at module level (non-reentrant) with
-    ``set_checkpoint_early_stop(False)``, then a trainable head."""
+class NoEarlyStopStack(CheckpointedStack):
+    """LinearLastBlocks, early stop off."""
 
     def __init__(self, dim, depth, frozen_norm):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(LinearLastBlock(dim, frozen_norm) for _ in range(depth))
-        self.head = torch.nn.Linear(dim, 2)
-
-    def forward(self, x):
-        with set_checkpoint_early_stop(False):
-            for block in self.blocks:
-                x = checkpoint(block, x, use_reentrant=False)
-        return self.head(x).pow(2).mean()
+        super().__init__([LinearLastBlock(dim, frozen_norm) for _ in range(depth)], dim, early_stop=False)
 
 
 def recompute_without_early_stop(*, frozen_norm=True, defaults=False, steps=3, depth=2):
@@ -223,7 +223,8 @@ def recompute_without_early_stop(*, frozen_norm=True, defaults=False, steps=3, d
     finally:
         engine.destroy()
     # without early stop every recompute runs the Linear to its end, or this tests something else
-    assert finished[0] == steps * depth, f"{finished[0]} recomputes ran a Linear's post-forward, expected {steps * depth}"
+    assert finished[0] == steps * depth, (
+        f"{finished[0]} recomputes ran a Linear's post-forward, expected {steps * depth}")
     return result
 
 
