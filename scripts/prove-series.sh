@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bisect and necessity proof: for each prefix length N given (default 1 to 8: every prefix between
+# Bisect and necessity proof: for each prefix length N given (default: every prefix between
 # pristine, which tox -e pristine proves, and the full series, which tox -e cpu runs), build DeepSpeed
 # $ZERO3_VERSION (default v0.19.2) with the first N patches, install it into the current Python, and run the scenario suite with
 # ZERO3_SERIES_PREFIX=N. There every test whose needs_patch(k) has k <= N must pass, and every test
@@ -11,7 +11,11 @@ cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python}
 VERSION=${ZERO3_VERSION:-v0.19.2}
 prefixes=("$@")
-((${#prefixes[@]})) || prefixes=(1 2 3 4 5 6 7 8)
+if ! ((${#prefixes[@]})); then
+    # every prefix strictly between pristine and the whole fix series (the tests-only patch excluded)
+    fixes=$(grep -cv -- '-tests-' "patches/$VERSION/series")
+    for ((n = 1; n < fixes; n++)); do prefixes+=("$n"); done
+fi
 for n in "${prefixes[@]}"; do
     [[ $n =~ ^[0-9]+$ ]] || { echo "prove-series.sh: prefix length must be a number, got '$n'" >&2; exit 2; }
 done

@@ -46,9 +46,6 @@ def finding_families(case):
     recompute_runs_post_forward = "function-relu" in modes or (not case["early_stop"]
                                                                and modes & {"module", "function"})
     families = {
-        # any z3 leaf module: on the v0.19.2 series one fed an input that needs no grad crashes,
-        # and such an input can arise anywhere in the case
-        "z3-leaf": bool(in_z3_leaves),
         "z3-leaf-dict-output": any(node["output"] == "dict" for node in in_z3_leaves),
         "z3-leaf-run-twice": bool(in_z3_leaves) and runs_twice,
         "z3-leaf-external-param": bool(in_z3_leaves) and any(op[0] == "external"
@@ -63,8 +60,10 @@ def finding_families(case):
             node["output"] == "param" and node["params"]["s"] == "trainable" for node in tree),
         "volume-module-run-twice": (case["zero"]["reuse"] == "0" and case["inputs"]["x_grad"]
                                     and bool(modes - {"none", "reentrant"}) and runs_twice),
-        "z3-leaf-frozen-param-kept-by-reuse": case["zero"]["reuse"] == "default" and any(
-            "frozen" in node["params"].values() for node in in_z3_leaves),
+        # a z3 leaf with no backward (its output needs no grad: frozen or unused params, an input that
+        # needs none) under the default reuse distance; its output cannot be told from the case, so any
+        # z3 leaf under that setting
+        "z3-leaf-kept-by-reuse": case["zero"]["reuse"] == "default" and bool(in_z3_leaves),
     }
     return [family for family, matches in families.items() if matches]
 
@@ -82,17 +81,23 @@ def finding_families(case):
 # gradient for its trainable weight, pristine v0.19.8 too (shrunk: the root is the z3 leaf, w and s
 # trainable, ops [linear], output leaf, x_grad, prefetch 0, reuse 0); "volume-module-run-twice": 112
 # bytes of frozen parameters all-gathered per step with checkpointing, 96 without (pristine v0.19.8
-# breaks I8 first). A third family, found by a later tox -e fuzz-v0198 and open on pristine v0.19.8
-# too: "z3-leaf-frozen-param-kept-by-reuse", a z3 leaf with a frozen weight whose output needs no grad,
-# under the default reuse distance, keeps that weight gathered after backward from step 1 on
-# (tests/test_v0198.py: test_fuzz_z3_leaf_frozen_weight_kept_by_reuse). On the v0.19.2 series the
-# same case breaks the same way, inside the open "z3-leaf" family.
+# breaks I8 first). A third family is open on both series and on pristine v0.19.8 (pristine v0.19.2
+# leaks another parameter first):
+# "z3-leaf-kept-by-reuse", a z3 leaf whose output needs no grad (a frozen weight, found by a
+# tox -e fuzz-v0198 search; or trainable params its forward does not use, found on the v0.19.2
+# series once 0010 let z3 leaf cases run there) keeps its params gathered after backward from step 1
+# on under the default reuse distance (test_fuzz_z3_leaf_kept_by_reuse below and in
+# tests/test_v0198.py).
+# The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
+# that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
+# families of the follow-up replaced it.
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf", "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice"),
+    "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
+                "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
+                "checkpointed-param-output-run-twice", "z3-leaf-kept-by-reuse"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
-                "z3-leaf-frozen-param-kept-by-reuse"),
+                "z3-leaf-kept-by-reuse"),
 }
 
 
@@ -173,13 +178,21 @@ _CASE = {
 }
 
 
-@finding("error",
-         "z3 leaf module fed an input that needs no grad: its weight is partitioned when its "
-         "backward runs (RuntimeError: size of tensor a (0) must match b (4)); v0.19.2 too")
+@pytest.mark.needs_patch(10)
+@pytest.mark.invariants("I1", "I2")
 def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                "ops": [["linear"]], "output": "tensor", "z3_leaf": True}))
+    """Once a finding: a z3 leaf root, fully trainable, fed an input that needs no grad. Torch fired
+    the leaf's full backward hook before the leaf's backward, and the reduction it runs zero-filled
+    the partitioned weight's grad, into which AccumulateGrad then failed to add the real one
+    (RuntimeError: size of tensor a (0) must match b (4)). 0010 reduces after the last accumulation.
+    v0.19.2 and every prefix without 0010 fail the same way; v0.19.8 too (its PR 6 is the same fix)."""
+    case = dict(_CASE, model={"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                              "ops": [["linear"]], "output": "tensor", "z3_leaf": True})
+    if applied_patches() < 10:
+        with pytest.raises(violation("error")):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)
 
 
 @finding("grad",
@@ -319,6 +332,28 @@ def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
                                       {"params": {"w": "trainable", "s": "trainable"}, "children": [],
                                        "ops": [["linear"]], "output": "tensor", "z3_leaf": True}],
                          "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+# the shrunk cases of "z3-leaf-kept-by-reuse" (tests/test_v0198.py runs them on v0.19.8)
+_Z3_LEAF_ROOT = {"children": [], "output": "tensor", "z3_leaf": True}
+Z3_LEAF_KEPT_BY_REUSE = {
+    "frozen-weight":
+    dict(_CASE,
+         model=dict(_Z3_LEAF_ROOT, params={"w": "frozen", "s": "trainable"}, ops=[["linear"]]),
+         zero={"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}),
+    "unused-trainable-params":
+    dict(_CASE,
+         model=dict(_Z3_LEAF_ROOT, params={"w": "trainable", "s": "trainable"}, ops=[["act", "tanh"]]),
+         zero={"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}),
+}
+
+
+@finding("I1", "z3 leaf whose output needs no grad, default reuse distance: its params stay gathered after "
+         "backward from step 1 on; reuse distance 0 or a module that is not a z3 leaf pass; pristine v0.19.8 "
+         "and the follow-up too")
+@pytest.mark.parametrize("shape", Z3_LEAF_KEPT_BY_REUSE)
+def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
+    run_case(fuzz_pool, Z3_LEAF_KEPT_BY_REUSE[shape])
 
 
 def run_volume_case(pool, case, pristine_breaks):

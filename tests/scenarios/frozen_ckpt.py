@@ -202,6 +202,37 @@ def fast_sharding(*, checkpointing="function-relu"):
     return result
 
 
+def leaf_no_grad_input(*, leaves="fast-sharding", checkpointing="module", steps=2):
+    """Two blocks made z3 leaves (by fast sharding, stage3_module_granularity_threshold, or by
+    set_z3_leaf_modules) fed an input that needs no grad, as frozen embeddings feed a first layer.
+    v0.19.2 and v0.19.8: the leaf's grads are reduced by a full backward hook that torch fires before
+    the leaf's backward when no input needs grad, so RuntimeError in the first backward ("output with
+    shape [1] doesn't match the broadcast shape", shape [0] without fast sharding), checkpointing or not."""
+    if leaves == "fast-sharding":
+        # a NormLinear block has 88 params in 3 layers (granularity 29); the wide head keeps the root's
+        # granularity above that, so exactly the blocks become leaves
+        config = lifecycle_config(stage3_module_granularity_threshold=29)
+    elif leaves == "set_z3_leaf_modules":
+        config = lifecycle_config()
+    else:
+        raise ValueError(f"leaves={leaves!r}: expected 'fast-sharding' or 'set_z3_leaf_modules'")
+
+    def factory():
+        stack = models.frozen_norm_stack(DIM, 2, checkpointing)
+        stack.head = torch.nn.Linear(DIM, 64)
+        if leaves == "set_z3_leaf_modules":
+            deepspeed.utils.set_z3_leaf_modules(stack, [models.NormLinear])
+        return stack
+
+    engine, reference = build(factory, config)
+    try:
+        found = [m for m in engine.module.modules() if getattr(m, "_z3_leaf", False)]
+        assert found == list(engine.module.blocks), f"expected the blocks to be the z3 leaves, got {found}"
+        return train(engine, reference, _inputs(engine, requires_grad=False), steps=steps)
+    finally:
+        engine.destroy()
+
+
 def reentered_module(*, checkpointing="module"):
     """One block applied three times per forward (a module invoked again before its backward).
     v0.19.2: CheckpointError."""
