@@ -19,7 +19,7 @@ import pytest
 from tests.bases import GAP, series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 10  # fix patches; 0011 adds tests only
+SERIES_LENGTH = 11  # fix patches; 0012 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -210,6 +210,15 @@ def test_leaf_module_no_grad_input(scenario, leaves, checkpointing):
     if leaves == "fast-sharding":
         _skip_fast_sharding_on_cpu_before_0_18()
     scenario(f"{FROZEN}:leaf_no_grad_input", leaves=leaves, checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(11)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("leaf", ["frozen", "no_grad"])
+def test_z3_leaf_without_backward_released(scenario, leaf):
+    """A z3 leaf with no backward, under DeepSpeed's default reuse distance: released at its
+    post-forward like any module. v0.19.2: its params stay gathered after backward from step 1 on."""
+    scenario(f"{FROZEN}:z3_leaf_without_backward", leaf=leaf)
 
 
 @pytest.mark.needs_patch(5)

@@ -81,23 +81,21 @@ def finding_families(case):
 # gradient for its trainable weight, pristine v0.19.8 too (shrunk: the root is the z3 leaf, w and s
 # trainable, ops [linear], output leaf, x_grad, prefetch 0, reuse 0); "volume-module-run-twice": 112
 # bytes of frozen parameters all-gathered per step with checkpointing, 96 without (pristine v0.19.8
-# breaks I8 first). A third family is open on both series and on pristine v0.19.8 (pristine v0.19.2
-# leaks another parameter first):
-# "z3-leaf-kept-by-reuse", a z3 leaf whose output needs no grad (a frozen weight, found by a
-# tox -e fuzz-v0198 search; or trainable params its forward does not use, found on the v0.19.2
-# series once 0010 let z3 leaf cases run there) keeps its params gathered after backward from step 1
-# on under the default reuse distance (test_fuzz_z3_leaf_kept_by_reuse below and in
-# tests/test_v0198.py).
+# breaks I8 first). A third family broke both series and pristine v0.19.8 (pristine v0.19.2 leaks
+# another parameter first): "z3-leaf-kept-by-reuse", a z3 leaf with no backward (a frozen weight,
+# found by a tox -e fuzz-v0198 search; trainable params its forward does not use, or a call under
+# no_grad, found on the v0.19.2 series once 0010 let z3 leaf cases run there) kept its params
+# gathered after backward from step 1 on under the default reuse distance; 0011 and PR 9 fix it
+# (test_fuzz_z3_leaf_kept_by_reuse below and in tests/test_v0198.py).
 # The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
                 "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice", "z3-leaf-kept-by-reuse"),
+                "checkpointed-param-output-run-twice"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
-                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
-                "z3-leaf-kept-by-reuse"),
+                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice"),
 }
 
 
@@ -336,24 +334,41 @@ def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
 
 # the shrunk cases of "z3-leaf-kept-by-reuse" (tests/test_v0198.py runs them on v0.19.8)
 _Z3_LEAF_ROOT = {"children": [], "output": "tensor", "z3_leaf": True}
+_DEFAULT_REUSE = {"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}
 Z3_LEAF_KEPT_BY_REUSE = {
     "frozen-weight":
-    dict(_CASE,
-         model=dict(_Z3_LEAF_ROOT, params={"w": "frozen", "s": "trainable"}, ops=[["linear"]]),
-         zero={"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}),
+    dict(_CASE, model=dict(_Z3_LEAF_ROOT, params={"w": "frozen", "s": "trainable"}, ops=[["linear"]]),
+         zero=_DEFAULT_REUSE),
     "unused-trainable-params":
+    dict(_CASE, model=dict(_Z3_LEAF_ROOT, params={"w": "trainable", "s": "trainable"}, ops=[["act", "tanh"]]),
+         zero=_DEFAULT_REUSE),
+    "child-under-no-grad":
     dict(_CASE,
-         model=dict(_Z3_LEAF_ROOT, params={"w": "trainable", "s": "trainable"}, ops=[["act", "tanh"]]),
-         zero={"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}),
+         inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "trainable"},
+                "children": [dict(_Z3_LEAF_ROOT, params={"w": "trainable", "s": "trainable"}, ops=[["linear"]])],
+                "ops": [["nograd", 0]], "output": "tensor", "z3_leaf": False},
+         zero=_DEFAULT_REUSE),
 }
 
 
-@finding("I1", "z3 leaf whose output needs no grad, default reuse distance: its params stay gathered after "
-         "backward from step 1 on; reuse distance 0 or a module that is not a z3 leaf pass; pristine v0.19.8 "
-         "and the follow-up too")
+@pytest.mark.needs_patch(11)
+@pytest.mark.invariants("I1")
 @pytest.mark.parametrize("shape", Z3_LEAF_KEPT_BY_REUSE)
 def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
-    run_case(fuzz_pool, Z3_LEAF_KEPT_BY_REUSE[shape])
+    """Once findings: a z3 leaf with no backward (its output needs no grad: a frozen weight, trainable
+    params its forward does not use, a call under no_grad), under DeepSpeed's default reuse distance,
+    kept its params gathered after backward from step 1 on. Its release at post-forward scanned the
+    later modules of the trace for reuse recursively, its ancestors included, and found every
+    param of its own there; 0011 lists each traced module's params as a fetch does. Reuse distance 0
+    or a module that is not a z3 leaf passed before. v0.19.2 and every prefix without 0011 leak (pristine
+    v0.19.2 another parameter first); v0.19.8 too (PR 9 is the same fix)."""
+    case = Z3_LEAF_KEPT_BY_REUSE[shape]
+    if applied_patches() < 11:
+        with pytest.raises(violation("I1")):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)
 
 
 def run_volume_case(pool, case, pristine_breaks):

@@ -7,7 +7,7 @@ shared scenarios; they run in the Hugging Face scenarios' rank pool (hf_pool, te
 import pytest
 
 from tests.bases import installed_base
-from tests.test_frozen_ckpt import scenario_runner
+from tests.test_frozen_ckpt import applied_patches, scenario_runner
 from tests.test_lifecycle_fuzz import Z3_LEAF_KEPT_BY_REUSE, run_case, violation
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
@@ -45,18 +45,18 @@ def test_leaf_recompute_attribution(small_scenario, topology):
         print(f"{topology}: {attribution[0]}")
 
 
-@pytest.mark.xfail(strict=True, raises=violation("I1"),
-                   reason="z3 leaf whose output needs no grad, default reuse distance: its params stay gathered "
-                   "after backward from step 1 on; pristine v0.19.8 too")
+@pytest.mark.invariants("I1")
 @pytest.mark.parametrize("shape", Z3_LEAF_KEPT_BY_REUSE)
 def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
-    """Lifecycle fuzz findings, open: a z3 leaf root fed an input that needs no grad, whose output
-    needs none either (a frozen weight: found on the follow-up by the fuzz-v0198 search, python -m
-    tests.lifecycle_fuzz --skip-known tests.test_lifecycle_fuzz:known_finding_v0198, seed of seeds
-    11965896, run 4, shrunk; or trainable params its forward does not use: found on the v0.19.2
-    series), so nothing of it has a backward. With DeepSpeed's default stage3_max_reuse_distance its
-    params are still AVAILABLE after the backward of step 1 (step 0 records the trace). The same
-    cases pass with reuse distance 0 or when the module is not a z3 leaf. Pristine v0.19.8, PR 6
-    alone and the whole follow-up fail alike, and so do v0.19.2 and its series
-    (tests/test_lifecycle_fuzz.py holds the same cases as findings there)."""
-    run_case(fuzz_pool, Z3_LEAF_KEPT_BY_REUSE[shape])
+    """Once lifecycle fuzz findings (the frozen weight on the follow-up: the fuzz-v0198 search,
+    python -m tests.lifecycle_fuzz --skip-known tests.test_lifecycle_fuzz:known_finding_v0198, seed
+    of seeds 11965896, run 4, shrunk; the other shapes on the v0.19.2 series): a z3 leaf with no
+    backward, under DeepSpeed's default stage3_max_reuse_distance, kept its params AVAILABLE after
+    the backward of step 1 (step 0 records the trace). Pristine v0.19.8 and the follow-up without
+    PR 9 leak; PR 9 (0011 of the v0.19.2 series) fixes it."""
+    case = Z3_LEAF_KEPT_BY_REUSE[shape]
+    if applied_patches() < 9:
+        with pytest.raises(violation("I1")):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)

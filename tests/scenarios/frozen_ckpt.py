@@ -233,6 +233,26 @@ def leaf_no_grad_input(*, leaves="fast-sharding", checkpointing="module", steps=
         engine.destroy()
 
 
+def z3_leaf_without_backward(*, leaf="frozen", steps=3):
+    """A frozen z3 leaf block with no backward (called plainly or under no_grad) before a trainable
+    head, fed an input that needs no grad, under DeepSpeed's default reuse distance (prefetch and
+    persistence stay off). v0.19.2 and v0.19.8: the block's params stay gathered after the backward
+    of step 1 (a z3 leaf's release counted the params of later modules in the trace recursively,
+    its ancestors' included, as reused)."""
+    config = lifecycle_config(stage3_max_reuse_distance=1_000_000_000)  # DeepSpeed's default
+
+    def factory():
+        model = models.BlockWithoutBackward(DIM, leaf)
+        deepspeed.utils.set_z3_leaf_modules(model, [models.NormLinear])
+        return model
+
+    engine, reference = build(factory, config)
+    try:
+        return train(engine, reference, _inputs(engine, requires_grad=False), steps=steps)
+    finally:
+        engine.destroy()
+
+
 def reentered_module(*, checkpointing="module"):
     """One block applied three times per forward (a module invoked again before its backward).
     v0.19.2: CheckpointError."""

@@ -69,6 +69,26 @@ class NormLinear(torch.nn.Module):
         return torch.relu(x) if self.relu else x
 
 
+class BlockWithoutBackward(torch.nn.Module):
+    """A frozen NormLinear block that has no backward, called plainly or under no_grad (``leaf``),
+    before a trainable head; returns the loss. (A trainable block under no_grad would get no
+    gradient, which the reference comparison does not accept; the fuzzer's shrunk cases cover it.)"""
+
+    def __init__(self, dim, leaf):
+        super().__init__()
+        if leaf not in ("frozen", "no_grad"):
+            raise ValueError(f"leaf={leaf!r}: expected 'frozen' or 'no_grad'")
+        self.block = NormLinear(dim)
+        self.head = torch.nn.Linear(dim, dim)
+        self.leaf = leaf
+        self.block.requires_grad_(False)
+
+    def forward(self, x):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.leaf != "no_grad"):
+            x = self.block(x)
+        return self.head(x).pow(2).mean()
+
+
 class LoRALinear(torch.nn.Module):
     """A frozen base projection plus a trainable low-rank update, the shape PEFT gives LoRA."""
 
