@@ -52,6 +52,10 @@ def finding_families(case):
                                                              for node in tree for op in node["ops"]),
         "input-cut-by-reentrant-dict-output": "reentrant" in modes and any(node["output"] == "dict" for node in tree),
         "reentrant-module-run-twice": "reentrant" in modes and runs_twice,
+        # a parameter read inside a reentrant checkpoint and outside it (another module's vector, read
+        # as an external parameter): its gradient is accumulated by two backward calls
+        "reentrant-external-param": "reentrant" in modes and any(op[0] == "external" for node in tree
+                                                                 for op in node["ops"]),
         "trainable-weight-released-in-recompute": bool(recompute_runs_post_forward) and any(
             node["params"]["w"] == "trainable" for node in tree),
         "z3-leaf-leaf-output": any(node["output"] == "leaf" for node in in_z3_leaves),
@@ -87,15 +91,20 @@ def finding_families(case):
 # no_grad, found on the v0.19.2 series once 0010 let z3 leaf cases run there) kept its params
 # gathered after backward from step 1 on under the default reuse distance; 0011 and PR 9 fix it
 # (test_fuzz_z3_leaf_kept_by_reuse below and in tests/test_v0198.py).
+# "reentrant-external-param", open on both series and on pristine v0.19.2 and v0.19.8 (found by the
+# 30-minute search of the twelve-patch v0.19.2 series): a child checkpointed with use_reentrant=True
+# reads its parent's vector, which the parent also uses outside the checkpoint; ZeRO-3 puts that
+# vector's gradient in the reduce bucket twice (test_fuzz_reentrant_external_param below).
 # The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
                 "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice"),
+                "checkpointed-param-output-run-twice", "reentrant-external-param"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
-                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice"),
+                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
+                "reentrant-external-param"),
 }
 
 
@@ -369,6 +378,20 @@ def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
             run_case(fuzz_pool, case)
         return
     run_case(fuzz_pool, case)
+
+
+@finding("error", "a child checkpointed with use_reentrant=True reads its parent's trainable vector (a ZeRO-3 "
+         "external parameter), which the parent also scales its input with outside the checkpoint: the "
+         "vector's gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
+         "len(set(ds_id)) == len(params)); v0.19.2 and v0.19.8, pristine or patched, fail the same way")
+def test_fuzz_reentrant_external_param(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["external", 0]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                         "z3_leaf": False}))
 
 
 def run_volume_case(pool, case, pristine_breaks):
