@@ -48,14 +48,15 @@ invariants_tests_page = "test-matrix"
 # the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
 # ({path relative to generated_dir: why}.)
-_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-10 adds 0008, which skips "
-                    "ZeRO-3's backward-hook wrapping while grad is disabled, and 0009, which keeps more only when a "
-                    "recompute without early stop runs inside a module's own backward; the benchmark's models run "
-                    "no ZeRO-3 module under torch.no_grad (the reentrant variant runs pristine v0.19.2) and keep "
-                    "torch's default early stop")
-_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PRs 7 and 8, the same changes "
-                    "as 0008 and 0009 of the v0.19.2 series; the benchmark's model runs no ZeRO-3 module under "
-                    "torch.no_grad and keeps torch's default early stop")
+_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-12 adds 0008, which skips "
+                    "ZeRO-3's backward-hook wrapping while grad is disabled, 0009, which keeps more only when a "
+                    "recompute without early stop runs inside a module's own backward, and 0010 and 0011, which "
+                    "change only models with z3 leaf modules; the benchmark's models run no ZeRO-3 module under "
+                    "torch.no_grad (the reentrant variant runs pristine v0.19.2), keep torch's default early "
+                    "stop and have no z3 leaf modules")
+_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PRs 7 to 9, the same changes "
+                    "as 0008, 0009 and 0011 of the v0.19.2 series; the benchmark's model runs no ZeRO-3 module "
+                    "under torch.no_grad, keeps torch's default early stop and has no z3 leaf modules")
 generated_historical = {
     "bench.md": _GPU_BENCH_V0192,
     "bench.png": _GPU_BENCH_V0192,
