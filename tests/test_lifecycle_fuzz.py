@@ -52,6 +52,9 @@ def finding_families(case):
                                                              for node in tree for op in node["ops"]),
         "input-cut-by-reentrant-dict-output": "reentrant" in modes and any(node["output"] == "dict" for node in tree),
         "reentrant-module-run-twice": "reentrant" in modes and runs_twice,
+        # a module fed an input that needs no grad, run twice, once under function-level checkpointing
+        "no-grad-input-function-run-twice": (not case["inputs"]["x_grad"] and runs_twice
+                                             and bool(modes & {"function", "function-relu"})),
         # a parameter read inside a reentrant checkpoint and outside it (another module's vector, read
         # as an external parameter): its gradient is accumulated by two backward calls
         "reentrant-external-param": "reentrant" in modes and any(op[0] == "external" for node in tree
@@ -95,13 +98,18 @@ def finding_families(case):
 # 30-minute search of the twelve-patch v0.19.2 series): a child checkpointed with use_reentrant=True
 # reads its parent's vector, which the parent also uses outside the checkpoint; ZeRO-3 puts that
 # vector's gradient in the reduce bucket twice (test_fuzz_reentrant_external_param below).
+# The same search found "no-grad-input-function-run-twice", open on the v0.19.2 series only: a
+# trainable child fed an input that needs no grad, called first under function-level checkpointing
+# and then plainly, crashes in backward (RuntimeError, the child's weight read partitioned). 0007
+# turns a leak into that crash: prefix 6 leaves the head gathered (I1), pristine v0.19.2 breaks I7
+# first; the v0.19.8 follow-up passes (test_fuzz_no_grad_input_function_run_twice below).
 # The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
                 "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice", "reentrant-external-param"),
+                "checkpointed-param-output-run-twice", "reentrant-external-param", "no-grad-input-function-run-twice"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
                 "reentrant-external-param"),
@@ -392,6 +400,20 @@ def test_fuzz_reentrant_external_param(fuzz_pool):
                                        "ops": [["external", 0]], "output": "tensor", "z3_leaf": False}],
                          "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
                          "z3_leaf": False}))
+
+
+@finding("error", "a trainable child fed an input that needs no grad, called under function-level checkpointing "
+         "and then plainly (early stop on or off): backward reads the child's weight partitioned (RuntimeError: "
+         "size of tensor a (0) must match b (4)); 0007 turns the leak of the prefixes before it into this "
+         "crash; the v0.19.8 follow-up passes")
+def test_fuzz_no_grad_input_function_run_twice(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE,
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["child", 0, "function", 1, "none"], ["linear"], ["child", 0, "none", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}))
 
 
 def run_volume_case(pool, case, pristine_breaks):
