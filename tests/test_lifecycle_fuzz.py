@@ -98,18 +98,19 @@ def finding_families(case):
 # 30-minute search of the twelve-patch v0.19.2 series): a child checkpointed with use_reentrant=True
 # reads its parent's vector, which the parent also uses outside the checkpoint; ZeRO-3 puts that
 # vector's gradient in the reduce bucket twice (test_fuzz_reentrant_external_param below).
-# The same search found "no-grad-input-function-run-twice", open on the v0.19.2 series only: a
+# The same search found "no-grad-input-function-run-twice", on the v0.19.2 series only: a
 # trainable child fed an input that needs no grad, called first under function-level checkpointing
-# and then plainly, crashes in backward (RuntimeError, the child's weight read partitioned). 0007
-# turns a leak into that crash: prefix 6 leaves the head gathered (I1), pristine v0.19.2 breaks I7
-# first; the v0.19.8 follow-up passes (test_fuzz_no_grad_input_function_run_twice below).
+# and then plainly, crashed in backward (RuntimeError, the child's weight read partitioned). 0007
+# turned a leak into that crash (prefix 6 leaves the head gathered, pristine v0.19.2 breaks I7
+# first); 0007 now leaves a caller holding a released external parameter to the end of the graph
+# task (test_fuzz_no_grad_input_function_run_twice below). The v0.19.8 follow-up passed throughout.
 # The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
                 "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice", "reentrant-external-param", "no-grad-input-function-run-twice"),
+                "checkpointed-param-output-run-twice", "reentrant-external-param"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
                 "reentrant-external-param"),
@@ -402,18 +403,29 @@ def test_fuzz_reentrant_external_param(fuzz_pool):
                          "z3_leaf": False}))
 
 
-@finding("error", "a trainable child fed an input that needs no grad, called under function-level checkpointing "
-         "and then plainly (early stop on or off): backward reads the child's weight partitioned (RuntimeError: "
-         "size of tensor a (0) must match b (4)); 0007 turns the leak of the prefixes before it into this "
-         "crash; the v0.19.8 follow-up passes")
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1", "I2")
 def test_fuzz_no_grad_input_function_run_twice(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE,
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["child", 0, "function", 1, "none"], ["linear"], ["child", 0, "none", 1, "none"]],
-                         "output": "tensor", "z3_leaf": False}))
+    """Once a finding (the 30-minute search of the twelve-patch series, run 73, shrunk): a trainable
+    child called through its forward function under checkpointing, then plainly, by a caller fed an
+    input that needs no grad. The first call reads the child's weight as an external parameter of
+    the caller, which the child's own post-forward partitions during the second call. 0007 armed the
+    caller's post-backward on the accumulators of the parameters gathered at its post-forward (its
+    own), which fired before the recompute read the child's weight: partitioned (RuntimeError: size
+    mismatch, got input (2), mat (2x4), vec (0)). Such a caller now waits for the end of the graph
+    task. Pristine v0.19.2 breaks I7 first, the prefixes before 0007 leave the head gathered (I1);
+    the v0.19.8 follow-up passes."""
+    case = dict(_CASE,
+                model={"params": {"w": "trainable", "s": "trainable"},
+                       "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                     "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                       "ops": [["child", 0, "function", 1, "none"], ["linear"], ["child", 0, "none", 1, "none"]],
+                       "output": "tensor", "z3_leaf": False})
+    if applied_patches() < 7:
+        with pytest.raises((violation("I1"), violation("I7"))):
+            run_case(fuzz_pool, case)
+        return
+    run_case(fuzz_pool, case)
 
 
 def run_volume_case(pool, case, pristine_breaks):
