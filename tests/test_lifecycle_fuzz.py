@@ -109,8 +109,7 @@ def finding_families(case):
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
-                "input-cut-by-reentrant-dict-output", "reentrant-module-run-twice", "input-cut-by-detach",
-                "checkpointed-param-output-run-twice", "reentrant-external-param"),
+                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "reentrant-external-param"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
                 "reentrant-external-param"),
@@ -252,19 +251,31 @@ def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
                          "output": "tensor", "z3_leaf": True}))
 
 
-@finding("I1",
-         "module whose input requires grad but whose output does not depend on it (a child "
-         "computes from the detached input; its output is made to require grad by a hook): the "
-         "post-backward armed through the input never runs, so the module's trainable 'head' stays "
-         "gathered after backward (v0.19.2: same leak)")
+def run_input_cut_case(pool, case):
+    """A case whose module gets an input that requires grad but returns an output that does not
+    depend on it: v0.19.2 and the prefixes before 0007 leave what its pre-backward gathered (I1)."""
+    if applied_patches() < 7:
+        with pytest.raises(violation("I1")):
+            run_case(pool, case)
+        return
+    run_case(pool, case)
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
 def test_fuzz_input_cut_by_detach(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "frozen"},
-                         "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["child", 0, "none", 1, "none"], ["linear"]], "output": "leaf",
-                         "z3_leaf": False}))
+    """Once a finding: a module whose input requires grad but whose output does not depend on it (a
+    child computes from the detached input; a hook makes its output require grad). Its post-backward
+    counts down the grads of its inputs, which never come; its trainable 'head' stayed gathered after
+    backward. 0007's pre-backward asks torch whether the graph task runs the nodes that count them
+    down and, if not, runs post-backward at the end of the graph task."""
+    run_input_cut_case(fuzz_pool,
+                       dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                            model={"params": {"w": "trainable", "s": "frozen"},
+                                   "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [],
+                                                 "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                                   "ops": [["child", 0, "none", 1, "none"], ["linear"]], "output": "leaf",
+                                   "z3_leaf": False}))
 
 
 @pytest.mark.needs_patch(9)
@@ -308,17 +319,20 @@ def test_fuzz_trainable_param_output_under_no_grad(fuzz_pool):
                          "ops": [["nograd", 1]], "output": "tensor", "z3_leaf": False}))
 
 
-@finding("I1", "a child under reentrant checkpointing returns a dict: torch's CheckpointFunction passes it on without "
-         "autograd history, so the caller's output does not depend on its input; the post-backward armed through "
-         "that input never runs and the trainable 'head' stays gathered after backward (the family of "
-         "test_fuzz_input_cut_by_detach)")
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
 def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
-                         "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+    """Once a finding, of the family of test_fuzz_input_cut_by_detach: a child under reentrant
+    checkpointing returns a dict, which torch's CheckpointFunction passes on without autograd history,
+    so the caller's output does not depend on its input; the caller's trainable 'head' stayed
+    gathered after backward."""
+    run_input_cut_case(fuzz_pool,
+                       dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                            model={"params": {"w": "trainable", "s": "trainable"},
+                                   "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                                 "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
+                                   "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                                   "z3_leaf": False}))
 
 
 @finding("error", "fully trainable: a module called twice whose forward checkpoints its child with use_reentrant=True: "
