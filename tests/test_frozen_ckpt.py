@@ -19,7 +19,7 @@ import pytest
 from tests.bases import GAP, series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 11  # fix patches; 0012 adds tests only
+SERIES_LENGTH = 12  # fix patches; 0013 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -219,6 +219,16 @@ def test_z3_leaf_without_backward_released(scenario, leaf):
     """A z3 leaf with no backward, under DeepSpeed's default reuse distance: released at its
     post-forward like any module. v0.19.2: its params stay gathered after backward from step 1 on."""
     scenario(f"{FROZEN}:z3_leaf_without_backward", leaf=leaf)
+
+
+@pytest.mark.needs_patch(12)
+@pytest.mark.invariants("I3")
+@pytest.mark.parametrize("checkpointing", ["function", "none"])
+def test_returned_param_after_forward_function(scenario, checkpointing):
+    """A module returning its own parameter, called through its forward function and then as a
+    module: its post-forward must not partition what it returns to a caller that already holds it
+    as an external parameter. v0.19.2: RuntimeError (size 0) in the forward."""
+    scenario(f"{FROZEN}:returned_param_after_forward_function", checkpointing=checkpointing)
 
 
 @pytest.mark.needs_patch(5)

@@ -404,6 +404,16 @@ def external_params(*, checkpointing="module"):
     return _build_and_train(factory, config)
 
 
+def returned_param_after_forward_function(*, checkpointing="function"):
+    """A module returns its own trainable scale, called first through its forward function (under
+    checkpointing or plainly: its hooks do not run, and ZeROOrderedDict registers the scale as an
+    external parameter of the caller when the forward reads it), then as a module. v0.19.2: the
+    module's post-forward partitions the scale it returns (RuntimeError in the forward, size 0)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.ReturnedParamCaller, DIM, checkpointing)
+    return _build_and_train(factory, config)
+
+
 def reentrant_detached_frozen():
     """use_reentrant=True with a frozen norm fed a detached tensor inside the region: nothing of
     the norm is saved for backward, so it must be released, not kept. v0.19.2 works (guard); the

@@ -89,6 +89,40 @@ class BlockWithoutBackward(torch.nn.Module):
         return self.head(x).pow(2).mean()
 
 
+class ScaleOutput(torch.nn.Module):
+    """Returns its input and its own trainable scale, which the caller applies (ZeRO-3 registers a
+    returned parameter as an external parameter of the caller)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x):
+        return x, self.scale
+
+
+class ReturnedParamCaller(torch.nn.Module):
+    """Calls a ScaleOutput through its forward function, under non-reentrant checkpointing
+    (``checkpointing="function"``) or plainly ("none"), which runs none of its hooks, then as a
+    module, before a trainable head; returns the loss."""
+
+    def __init__(self, dim, checkpointing):
+        super().__init__()
+        if checkpointing not in ("function", "none"):
+            raise ValueError(f"checkpointing={checkpointing!r}: expected 'function' or 'none'")
+        self.inner = ScaleOutput(dim)
+        self.head = torch.nn.Linear(dim, dim)
+        self.checkpointing = checkpointing
+
+    def forward(self, x):
+        if self.checkpointing == "function":
+            h, scale = checkpoint(self.inner.forward, x, use_reentrant=False)
+        else:
+            h, scale = self.inner.forward(x)
+        h, scale = self.inner(h * scale)
+        return self.head(h * scale).pow(2).mean()
+
+
 class LoRALinear(torch.nn.Module):
     """A frozen base projection plus a trainable low-rank update, the shape PEFT gives LoRA."""
 
