@@ -77,10 +77,11 @@ def finding_families(case):
 
 # The open findings of each series. On the v0.19.8 follow-up, every shrunk case below was run
 # (installed tree, 2 ranks on CPU): the input-cut families hold there (release_backward_leftovers
-# sweeps at the end of backward what no post-backward released), so does a z3 leaf fed an input that
+# sweeps at the end of backward what no post-backward released; on the v0.19.2 series 0007 runs
+# such a module's post-backward at the end of the graph task), so does a z3 leaf fed an input that
 # needs no grad (PR 6), and a child under no_grad that returns its input (PR 7, 0008 of the v0.19.2
-# series); the other z3 leaf findings, both reentrant run-twice findings and the checkpointed param
-# output break as on the v0.19.2 series. A trainable weight released by a recompute without early
+# series); the other z3 leaf findings and both reentrant run-twice findings break as on the v0.19.2
+# series, and so does the checkpointed param output, which 0012 fixes on the v0.19.2 series only. A trainable weight released by a recompute without early
 # stop broke on both; 0009 and PR 8 fix it.
 # Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
