@@ -81,7 +81,7 @@ def finding_families(case):
 # such a module's post-backward at the end of the graph task), so does a z3 leaf fed an input that
 # needs no grad (PR 6), and a child under no_grad that returns its input (PR 7, 0008 of the v0.19.2
 # series); the other z3 leaf findings and both reentrant run-twice findings break as on the v0.19.2
-# series, and so does the checkpointed param output, which 0012 fixes on the v0.19.2 series only. A trainable weight released by a recompute without early
+# series, and so does the checkpointed param output, which 0012 and PR 10 fix. A trainable weight released by a recompute without early
 # stop broke on both; 0009 and PR 8 fix it.
 # Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
@@ -112,8 +112,7 @@ OPEN_FINDINGS = {
     "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
                 "reentrant-module-run-twice", "reentrant-external-param"),
     "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
-                "reentrant-module-run-twice", "checkpointed-param-output-run-twice", "volume-module-run-twice",
-                "reentrant-external-param"),
+                "reentrant-module-run-twice", "volume-module-run-twice", "reentrant-external-param"),
 }
 
 
@@ -287,7 +286,7 @@ def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_poo
     child's backward, after its pre-backward gathered the weight, and runs on through its
     post-forward, which partitioned the weight before its gradient was accumulated (RuntimeError:
     size of tensor a (0) must match b (4)). 0009 keeps it until the child's post-backward.
-    v0.19.2 and every prefix without 0009 fail the same way; v0.19.8 too."""
+    v0.19.2 and every prefix without 0009 fail the same way; v0.19.8 too, where PR 10 is the same change."""
     case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                 model={"params": {"w": "none", "s": "none"},
                        "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
@@ -506,6 +505,17 @@ def test_fuzz_volume_module_run_twice_plain_then_checkpointed(fuzz_pool):
                     pristine_breaks="I1")
 
 
+# the shrunk case of "checkpointed-param-output-run-twice" (tests/test_v0198.py runs it on v0.19.8)
+CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE = dict(
+    _CASE,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    model={"params": {"w": "none", "s": "trainable"},
+           "children": [{"params": {"w": "none", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                         "output": "param", "z3_leaf": False}],
+           "ops": [["child", 0, "function", 1, "none"], ["child", 0, "none", 1, "none"]],
+           "output": "tensor", "z3_leaf": False})
+
+
 @pytest.mark.needs_patch(12)
 @pytest.mark.invariants("I3")
 def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
@@ -516,18 +526,12 @@ def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
     post-forward in the second call then partitioned the vector it returned (RuntimeError: size of
     tensor a (4) must match b (0), in the forward). 0012 keeps a returned parameter gathered also
     when a module on the stack already holds it. v0.19.2 and every prefix before 0012 fail the same
-    way; v0.19.8 too."""
-    child = {"params": {"w": "none", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "param",
-             "z3_leaf": False}
-    case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                model={"params": {"w": "none", "s": "trainable"}, "children": [child],
-                       "ops": [["child", 0, "function", 1, "none"], ["child", 0, "none", 1, "none"]],
-                       "output": "tensor", "z3_leaf": False})
+    way; v0.19.8 too, where PR 10 is the same change."""
     if applied_patches() < 12:
         with pytest.raises(violation("error")):
-            run_case(fuzz_pool, case)
+            run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
         return
-    run_case(fuzz_pool, case)
+    run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
 
 
 @pytest.mark.needs_patch(8)

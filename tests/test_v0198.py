@@ -8,7 +8,7 @@ import pytest
 
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import applied_patches, scenario_runner
-from tests.test_lifecycle_fuzz import Z3_LEAF_KEPT_BY_REUSE, run_case, violation
+from tests.test_lifecycle_fuzz import CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, Z3_LEAF_KEPT_BY_REUSE, run_case, violation
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -60,3 +60,17 @@ def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
             run_case(fuzz_pool, case)
         return
     run_case(fuzz_pool, case)
+
+
+@pytest.mark.invariants("I3")
+def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
+    """Once a lifecycle fuzz finding (tox -e fuzz on the v0.19.2 series, shrunk; v0.19.8 fails the
+    same way): a child returning its own trainable vector, called under function-level checkpointing
+    and then plainly; its post-forward partitioned the vector it returned (RuntimeError in the
+    forward, size 0). Pristine v0.19.8 and the follow-up without PR 10 fail; PR 10 (0012 of the
+    v0.19.2 series) fixes it."""
+    if applied_patches() < 10:
+        with pytest.raises(violation("error")):
+            run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
+        return
+    run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
