@@ -48,18 +48,18 @@ invariants_tests_page = "test-matrix"
 # the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
 # ({path relative to generated_dir: why}.)
-_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-13 adds 0008, which skips "
+_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-14 adds 0008, which skips "
                     "ZeRO-3's backward-hook wrapping while grad is disabled, 0009, which keeps more only when a "
-                    "recompute without early stop runs inside a module's own backward, 0010 and 0011, which "
+                    "recompute without early stop runs inside a module's own backward, 0010, 0011 and 0013, which "
                     "change only models with z3 leaf modules, 0012, which changes only a module that returns its "
                     "own parameter, and 0007's cases of an input whose grad never comes and of a released external "
                     "parameter; the benchmark's models run no ZeRO-3 module under torch.no_grad (the reentrant "
                     "variant runs pristine v0.19.2), keep torch's default early stop, have no z3 leaf modules, "
                     "return no parameter and use every input")
-_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PRs 7 to 10, the same changes "
-                    "as 0008, 0009, 0011 and 0012 of the v0.19.2 series; the benchmark's model runs no ZeRO-3 "
-                    "module under torch.no_grad, keeps torch's default early stop, has no z3 leaf modules and "
-                    "returns no parameter")
+_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PRs 7 to 11, the same changes "
+                    "as 0008, 0009, 0011, 0012 and 0013 of the v0.19.2 series; the benchmark's model runs no "
+                    "ZeRO-3 module under torch.no_grad, keeps torch's default early stop, has no z3 leaf modules "
+                    "and returns no parameter")
 generated_historical = {
     "bench.md": _GPU_BENCH_V0192,
     "bench.png": _GPU_BENCH_V0192,

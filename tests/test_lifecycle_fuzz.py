@@ -81,7 +81,8 @@ def finding_families(case):
 # such a module's post-backward at the end of the graph task), so does a z3 leaf fed an input that
 # needs no grad (PR 6), and a child under no_grad that returns its input (PR 7, 0008 of the v0.19.2
 # series); the other z3 leaf findings and both reentrant run-twice findings break as on the v0.19.2
-# series, and so does the checkpointed param output, which 0012 and PR 10 fix. A trainable weight released by a recompute without early
+# series, and so did the checkpointed param output and a z3 leaf's dict output, which 0012 and PR 10,
+# 0013 and PR 11 fix. A trainable weight released by a recompute without early
 # stop broke on both; 0009 and PR 8 fix it.
 # Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
@@ -109,9 +110,9 @@ def finding_families(case):
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param",
+    "v0.19.2": ("z3-leaf-run-twice", "z3-leaf-external-param",
                 "reentrant-module-run-twice", "reentrant-external-param"),
-    "v0.19.8": ("z3-leaf-dict-output", "z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
+    "v0.19.8": ("z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "volume-module-run-twice", "reentrant-external-param"),
 }
 
@@ -210,14 +211,26 @@ def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool, case)
 
 
-@finding("grad",
-         "z3 leaf module returning a dict: wrong gradient for its weight, silently, whether or "
-         "not its input requires grad; v0.19.2 too")
+# the shrunk case of "z3-leaf-dict-output" (tests/test_v0198.py runs it on v0.19.8)
+Z3_LEAF_DICT_OUTPUT = dict(_CASE,
+                           inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                           model={"params": {"w": "trainable", "s": "none"}, "children": [], "ops": [["linear"]],
+                                  "output": "dict", "z3_leaf": True})
+
+
+@pytest.mark.needs_patch(13)
+@pytest.mark.invariants("I1")
 def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "none"}, "children": [], "ops": [["linear"]],
-                         "output": "dict", "z3_leaf": True}))
+    """Once a finding: a z3 leaf module returning a dict got a wrong gradient for its weight,
+    silently, whether or not its input requires grad: torch never calls the full backward hook
+    that reduces a z3 leaf's grads unless the output is a Tensor or a tuple. 0013 arms the
+    reduction from the output's tensors. v0.19.2 and every prefix before 0013 fail the same way;
+    v0.19.8 too, where PR 11 is the same change."""
+    if applied_patches() < 13:
+        with pytest.raises(violation("grad")):
+            run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
+        return
+    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
 
 
 @pytest.mark.needs_patch(7)

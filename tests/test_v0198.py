@@ -8,7 +8,8 @@ import pytest
 
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import applied_patches, scenario_runner
-from tests.test_lifecycle_fuzz import CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, Z3_LEAF_KEPT_BY_REUSE, run_case, violation
+from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_KEPT_BY_REUSE,
+                                      run_case, violation)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -74,3 +75,16 @@ def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
             run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
         return
     run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
+
+
+@pytest.mark.invariants("I1")
+def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
+    """Once a lifecycle fuzz finding (on the v0.19.2 series, shrunk; v0.19.8 fails the same way): a
+    z3 leaf returning a dict got a wrong gradient for its weight, because torch never calls the full
+    backward hook that reduces a z3 leaf's grads unless the output is a Tensor or a tuple. Pristine
+    v0.19.8 and the follow-up without PR 11 fail; PR 11 (0013 of the v0.19.2 series) fixes it."""
+    if applied_patches() < 11:
+        with pytest.raises(violation("grad")):
+            run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
+        return
+    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)

@@ -253,6 +253,25 @@ def z3_leaf_without_backward(*, leaf="frozen", steps=3):
         engine.destroy()
 
 
+def z3_leaf_mapping_output(*, output="dict", input_grad=True, steps=2):
+    """Two z3 leaf blocks returning a dict or a list (``output``), before a trainable head, fed an
+    input that requires grad or not. Torch calls the full backward hook that reduces a z3 leaf's
+    grads only for a Tensor or tuple output. v0.19.2 and v0.19.8: the leaves' grads are never
+    reduced (wrong gradients at 2 ranks, "unknown parameter type" at the step at world size 1)."""
+    config = lifecycle_config()
+
+    def factory():
+        model = models.MappingOutputStack(DIM, output)
+        deepspeed.utils.set_z3_leaf_modules(model, [models.MappingOutputBlock])
+        return model
+
+    engine, reference = build(factory, config)
+    try:
+        return train(engine, reference, _inputs(engine, requires_grad=input_grad), steps=steps)
+    finally:
+        engine.destroy()
+
+
 def reentered_module(*, checkpointing="module"):
     """One block applied three times per forward (a module invoked again before its backward).
     v0.19.2: CheckpointError."""

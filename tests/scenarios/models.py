@@ -89,6 +89,39 @@ class BlockWithoutBackward(torch.nn.Module):
         return self.head(x).pow(2).mean()
 
 
+class MappingOutputBlock(torch.nn.Module):
+    """A NormLinear block returning its hidden state and a gate in a dict or a list (``output``), as
+    an MoE block returns router logits or an encoder named outputs."""
+
+    def __init__(self, dim, output):
+        super().__init__()
+        if output not in ("dict", "list"):
+            raise ValueError(f"output={output!r}: expected 'dict' or 'list'")
+        self.block = NormLinear(dim)
+        self.output = output
+
+    def forward(self, x):
+        h = self.block(x)
+        gate = torch.sigmoid(h)
+        return {"hidden": h, "gate": gate} if self.output == "dict" else [h, gate]
+
+
+class MappingOutputStack(torch.nn.Module):
+    """Two MappingOutputBlocks (the caller makes them z3 leaves) and a trainable head; returns the loss."""
+
+    def __init__(self, dim, output):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(MappingOutputBlock(dim, output) for _ in range(2))
+        self.head = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        for block in self.blocks:
+            out = block(x)
+            h, gate = (out["hidden"], out["gate"]) if isinstance(out, dict) else out
+            x = h * gate
+        return self.head(x).pow(2).mean()
+
+
 class ScaleOutput(torch.nn.Module):
     """Returns its input and its own trainable scale, which the caller applies (ZeRO-3 registers a
     returned parameter as an external parameter of the caller)."""
