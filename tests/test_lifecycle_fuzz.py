@@ -110,7 +110,7 @@ def finding_families(case):
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf-run-twice", "z3-leaf-external-param",
+    "v0.19.2": ("z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "reentrant-external-param"),
     "v0.19.8": ("z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
                 "reentrant-module-run-twice", "volume-module-run-twice", "reentrant-external-param"),
@@ -209,6 +209,20 @@ def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
             run_case(fuzz_pool, case)
         return
     run_case(fuzz_pool, case)
+
+
+@finding("error", "a z3 leaf (the root, fed an input that needs no grad) whose output a hook makes a leaf, calling a "
+         "trainable child under torch.no_grad: ZeRO-3 reduces the leaf's params with gradients of size 0 "
+         "(RuntimeError: 0 != 16 Cannot reduce scatter gradients whose size is not same as the params). Found by the "
+         "30-minute search of the fourteen-patch series once the input-cut families no longer hid leaf outputs; the "
+         "follow-up's z3-leaf-leaf-output family")
+def test_fuzz_z3_leaf_leaf_output_no_grad_child(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE,
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                         "ops": [["nograd", 0]], "output": "leaf", "z3_leaf": True}))
 
 
 # the shrunk case of "z3-leaf-dict-output" (tests/test_v0198.py runs it on v0.19.8)
