@@ -30,6 +30,16 @@ def run_case(pool, case):
         lifecycle_fuzz.raise_violation(*found)
 
 
+def run_fixed_case(pool, case, patch, *breaks):
+    """Runs the shrunk case of a fixed finding: with fewer than ``patch`` patches of the installed
+    base's series it must still break one of the invariants ``breaks``, with them hold them all."""
+    if applied_patches() < patch:
+        with pytest.raises(tuple(violation(tag) for tag in breaks)):
+            run_case(pool, case)
+        return
+    run_case(pool, case)
+
+
 violation = lifecycle_fuzz.violation_class
 
 
@@ -240,11 +250,7 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
     that reduces a z3 leaf's grads unless the output is a Tensor or a tuple. 0013 arms the
     reduction from the output's tensors. v0.19.2 and every prefix before 0013 fail the same way;
     v0.19.8 too, where PR 11 is the same change."""
-    if applied_patches() < 13:
-        with pytest.raises(violation("grad")):
-            run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
-        return
-    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
+    run_fixed_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT, 13, "grad")
 
 
 @pytest.mark.needs_patch(7)
@@ -278,16 +284,6 @@ def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
                          "output": "tensor", "z3_leaf": True}))
 
 
-def run_input_cut_case(pool, case):
-    """A case whose module gets an input that requires grad but returns an output that does not
-    depend on it: v0.19.2 and the prefixes before 0007 leave what its pre-backward gathered (I1)."""
-    if applied_patches() < 7:
-        with pytest.raises(violation("I1")):
-            run_case(pool, case)
-        return
-    run_case(pool, case)
-
-
 @pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1")
 def test_fuzz_input_cut_by_detach(fuzz_pool):
@@ -296,13 +292,13 @@ def test_fuzz_input_cut_by_detach(fuzz_pool):
     counts down the grads of its inputs, which never come; its trainable 'head' stayed gathered after
     backward. 0007's pre-backward asks torch whether the graph task runs the nodes that count them
     down and, if not, runs post-backward at the end of the graph task."""
-    run_input_cut_case(fuzz_pool,
-                       dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                            model={"params": {"w": "trainable", "s": "frozen"},
-                                   "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [],
-                                                 "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                                   "ops": [["child", 0, "none", 1, "none"], ["linear"]], "output": "leaf",
-                                   "z3_leaf": False}))
+    run_fixed_case(fuzz_pool,
+                   dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                        model={"params": {"w": "trainable", "s": "frozen"},
+                               "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [],
+                                             "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                               "ops": [["child", 0, "none", 1, "none"], ["linear"]], "output": "leaf",
+                               "z3_leaf": False}), 7, "I1")
 
 
 @pytest.mark.needs_patch(9)
@@ -313,7 +309,7 @@ def test_fuzz_trainable_weight_released_in_recompute_without_early_stop(fuzz_poo
     child's backward, after its pre-backward gathered the weight, and runs on through its
     post-forward, which partitioned the weight before its gradient was accumulated (RuntimeError:
     size of tensor a (0) must match b (4)). 0009 keeps it until the child's post-backward.
-    v0.19.2 and every prefix without 0009 fail the same way; v0.19.8 too, where PR 10 is the same change."""
+    v0.19.2 and every prefix without 0009 fail the same way; v0.19.8 too, where PR 8 is the same change."""
     case = dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                 model={"params": {"w": "none", "s": "none"},
                        "children": [{"params": {"w": "trainable", "s": "none"}, "children": [],
@@ -353,13 +349,13 @@ def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
     checkpointing returns a dict, which torch's CheckpointFunction passes on without autograd history,
     so the caller's output does not depend on its input; the caller's trainable 'head' stayed
     gathered after backward."""
-    run_input_cut_case(fuzz_pool,
-                       dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                            model={"params": {"w": "trainable", "s": "trainable"},
-                                   "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                                 "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
-                                   "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
-                                   "z3_leaf": False}))
+    run_fixed_case(fuzz_pool,
+                   dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                        model={"params": {"w": "trainable", "s": "trainable"},
+                               "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                             "ops": [["linear"]], "output": "dict", "z3_leaf": False}],
+                               "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                               "z3_leaf": False}), 7, "I1")
 
 
 @finding("error", "fully trainable: a module called twice whose forward checkpoints its child with use_reentrant=True: "
@@ -462,11 +458,7 @@ def test_fuzz_no_grad_input_function_run_twice(fuzz_pool):
                                      "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
                        "ops": [["child", 0, "function", 1, "none"], ["linear"], ["child", 0, "none", 1, "none"]],
                        "output": "tensor", "z3_leaf": False})
-    if applied_patches() < 7:
-        with pytest.raises((violation("I1"), violation("I7"))):
-            run_case(fuzz_pool, case)
-        return
-    run_case(fuzz_pool, case)
+    run_fixed_case(fuzz_pool, case, 7, "I1", "I7")
 
 
 def run_volume_case(pool, case, pristine_breaks):
@@ -554,11 +546,7 @@ def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
     tensor a (4) must match b (0), in the forward). 0012 keeps a returned parameter gathered also
     when a module on the stack already holds it. v0.19.2 and every prefix before 0012 fail the same
     way; v0.19.8 too, where PR 10 is the same change."""
-    if applied_patches() < 12:
-        with pytest.raises(violation("error")):
-            run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
-        return
-    run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
+    run_fixed_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, 12, "error")
 
 
 @pytest.mark.needs_patch(8)

@@ -7,9 +7,9 @@ shared scenarios; they run in the Hugging Face scenarios' rank pool (hf_pool, te
 import pytest
 
 from tests.bases import installed_base
-from tests.test_frozen_ckpt import applied_patches, scenario_runner
+from tests.test_frozen_ckpt import scenario_runner
 from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_KEPT_BY_REUSE,
-                                      run_case, violation)
+                                      run_fixed_case)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -55,12 +55,7 @@ def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
     backward, under DeepSpeed's default stage3_max_reuse_distance, kept its params AVAILABLE after
     the backward of step 1 (step 0 records the trace). Pristine v0.19.8 and the follow-up without
     PR 9 leak; PR 9 (0011 of the v0.19.2 series) fixes it."""
-    case = Z3_LEAF_KEPT_BY_REUSE[shape]
-    if applied_patches() < 9:
-        with pytest.raises(violation("I1")):
-            run_case(fuzz_pool, case)
-        return
-    run_case(fuzz_pool, case)
+    run_fixed_case(fuzz_pool, Z3_LEAF_KEPT_BY_REUSE[shape], 9, "I1")
 
 
 @pytest.mark.invariants("I3")
@@ -70,11 +65,7 @@ def test_fuzz_checkpointed_param_output_run_twice(fuzz_pool):
     and then plainly; its post-forward partitioned the vector it returned (RuntimeError in the
     forward, size 0). Pristine v0.19.8 and the follow-up without PR 10 fail; PR 10 (0012 of the
     v0.19.2 series) fixes it."""
-    if applied_patches() < 10:
-        with pytest.raises(violation("error")):
-            run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
-        return
-    run_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE)
+    run_fixed_case(fuzz_pool, CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, 10, "error")
 
 
 @pytest.mark.invariants("I1")
@@ -83,8 +74,4 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
     z3 leaf returning a dict got a wrong gradient for its weight, because torch never calls the full
     backward hook that reduces a z3 leaf's grads unless the output is a Tensor or a tuple. Pristine
     v0.19.8 and the follow-up without PR 11 fail; PR 11 (0013 of the v0.19.2 series) fixes it."""
-    if applied_patches() < 11:
-        with pytest.raises(violation("grad")):
-            run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
-        return
-    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT)
+    run_fixed_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT, 11, "grad")

@@ -265,11 +265,7 @@ def z3_leaf_mapping_output(*, output="dict", input_grad=True, steps=2):
         deepspeed.utils.set_z3_leaf_modules(model, [models.MappingOutputBlock])
         return model
 
-    engine, reference = build(factory, config)
-    try:
-        return train(engine, reference, _inputs(engine, requires_grad=input_grad), steps=steps)
-    finally:
-        engine.destroy()
+    return _build_and_train(factory, config, inputs=functools.partial(_inputs, requires_grad=input_grad), steps=steps)
 
 
 def reentered_module(*, checkpointing="module"):
