@@ -43,8 +43,9 @@ NOT_APPLICABLE = "not applicable"
 # after its backward when no input needs grad, 7 a no_grad module's inputs and outputs left to torch,
 # 8 a module's trainable params kept across a recompute inside its own backward, 9 a z3 leaf's reuse
 # scan counts a traced module's own params, 10 a returned parameter its caller already holds kept
-# gathered, 11 a z3 leaf's grads reduced when its output is not a tuple (needs 6). The patches are independent (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the
-# first n".
+# gathered, 11 a z3 leaf's grads reduced when its output is not a tuple (needs 6), 12 a param's
+# second gradient reduction in one micro-step added to the first. The patches are independent
+# (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the first n".
 V0198 = {
     "test_frozen_norm": 0,
     # v0.19.8: RuntimeError in the forward (the returned scale partitioned, size 0)

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests import lifecycle_fuzz
-from tests.scenarios.fuzz_case import may_run_a_module_twice, nodes
+from tests.scenarios.fuzz_case import may_run_a_module_twice, nodes, reads_a_z3_leaf_vector_externally
 from tests.test_frozen_ckpt import SERIES_LENGTH, applied_patches
 
 # Cases of the bounded run (1 to 3 s each on 2 cores). On a tree without the series twice as many:
@@ -58,8 +58,7 @@ def finding_families(case):
     families = {
         "z3-leaf-dict-output": any(node["output"] == "dict" for node in in_z3_leaves),
         "z3-leaf-run-twice": bool(in_z3_leaves) and runs_twice,
-        "z3-leaf-external-param": bool(in_z3_leaves) and any(op[0] == "external"
-                                                             for node in tree for op in node["ops"]),
+        "z3-leaf-external-param": reads_a_z3_leaf_vector_externally(case),
         "input-cut-by-reentrant-dict-output": "reentrant" in modes and any(node["output"] == "dict" for node in tree),
         "reentrant-module-run-twice": "reentrant" in modes and runs_twice,
         # a module fed an input that needs no grad, run twice, once under function-level checkpointing
@@ -119,11 +118,22 @@ def finding_families(case):
 # The v0.19.2 series kept one broad family, "z3-leaf" (any z3 leaf), while a z3 leaf fed an input
 # that needs no grad crashed there; 0010 (PR 6's change) fixed that, and the narrower z3 leaf
 # families of the follow-up replaced it.
+# Three families put one param's gradient into stage 3's reduction twice in one backward, on both
+# series and on pristine v0.19.2 and v0.19.8: "z3-leaf-run-twice", "reentrant-module-run-twice" and
+# "reentrant-external-param" (AssertionError in the reduce bucket; a wrong gradient, silently, once
+# the first was partitioned). 0014 and PR 12 add the second reduction (test_fuzz_param_reduced_twice
+# below and in tests/test_v0198.py); the fuzzer now also draws a reduce bucket of one element.
+# "z3-leaf-leaf-output" is open on both series (test_fuzz_z3_leaf_output_cut_from_inputs below): its
+# other shape, an input that needs no grad and a hook-made leaf output, and a dict output whose params
+# the forward does not use (found by the 30-minute search of the fifteen-patch series) ran the leaf's
+# reduction before any pre-backward gathered it, which zero-filled the params at their partitioned
+# size; 0010 and PR 6 zero-fill at the full size. "z3-leaf-external-param" counts only cases where a
+# module reads, as an external parameter, the vector of a module inside a z3 leaf, or reads one from
+# inside a z3 leaf (reads_a_z3_leaf_vector_externally); any external read next to any z3 leaf kept
+# two thirds of the cases out of that search.
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
-                "reentrant-module-run-twice", "reentrant-external-param"),
-    "v0.19.8": ("z3-leaf-run-twice", "z3-leaf-external-param", "z3-leaf-leaf-output",
-                "reentrant-module-run-twice", "volume-module-run-twice", "reentrant-external-param"),
+    "v0.19.2": ("z3-leaf-external-param", "z3-leaf-leaf-output"),
+    "v0.19.8": ("z3-leaf-external-param", "z3-leaf-leaf-output", "volume-module-run-twice"),
 }
 
 
@@ -202,6 +212,8 @@ _CASE = {
     "zero": {"gas": 1, "prefetch": "0", "reuse": "0", "persistence": "0"},
     "steps": 2,
 }
+_TRAINABLE_LEAF = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                   "output": "tensor", "z3_leaf": False}
 
 
 @pytest.mark.needs_patch(10)
@@ -221,18 +233,33 @@ def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool, case)
 
 
-@finding("error", "a z3 leaf (the root, fed an input that needs no grad) whose output a hook makes a leaf, calling a "
-         "trainable child under torch.no_grad: ZeRO-3 reduces the leaf's params with gradients of size 0 "
-         "(RuntimeError: 0 != 16 Cannot reduce scatter gradients whose size is not same as the params). Found by the "
-         "30-minute search of the fourteen-patch series once the input-cut families no longer hid leaf outputs; the "
-         "follow-up's z3-leaf-leaf-output family")
+@pytest.mark.needs_patch(10)
+@pytest.mark.invariants("I1")
 def test_fuzz_z3_leaf_leaf_output_no_grad_child(fuzz_pool):
+    """Once a finding (the 30-minute search of the fourteen-patch series, once the input-cut families
+    no longer hid leaf outputs): a z3 leaf root fed an input that needs no grad, whose output a hook
+    makes a leaf, calling a trainable child under torch.no_grad. No grad of the leaf's params is
+    reached, so its reduction ran at once, before any pre-backward gathered them, and zero-filled
+    them at their partitioned size (RuntimeError: 0 != 16 Cannot reduce scatter gradients whose
+    size is not same as the params). 0010 zero-fills at the full size. v0.19.2 and every prefix
+    before 0010 fail the same way."""
+    run_fixed_case(fuzz_pool,
+                   dict(_CASE,
+                        model={"params": {"w": "trainable", "s": "trainable"},
+                               "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                                             "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
+                               "ops": [["nograd", 0]], "output": "leaf", "z3_leaf": True}), 10, "error")
+
+
+@finding("grad", "a z3 leaf (the root) fed an input that requires grad, whose output does not depend on it (the "
+         "forward reads the input detached): torch never calls the leaf's full backward hook, which waits for the "
+         "grads of its inputs, so the weight's gradient is never reduced (wrong, silently); pristine v0.19.2 and "
+         "v0.19.8 too. The z3-leaf-leaf-output family, found by the fuzz-v0198 search")
+def test_fuzz_z3_leaf_output_cut_from_inputs(fuzz_pool):
     run_case(fuzz_pool,
-             dict(_CASE,
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["nograd", 0]], "output": "leaf", "z3_leaf": True}))
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                         "output": "leaf", "z3_leaf": True}))
 
 
 # the shrunk case of "z3-leaf-dict-output" (tests/test_v0198.py runs it on v0.19.8)
@@ -240,6 +267,11 @@ Z3_LEAF_DICT_OUTPUT = dict(_CASE,
                            inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                            model={"params": {"w": "trainable", "s": "none"}, "children": [], "ops": [["linear"]],
                                   "output": "dict", "z3_leaf": True})
+# ... and one whose params its forward does not use (a guard; tests/test_v0198.py runs it too)
+Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED = dict(Z3_LEAF_DICT_OUTPUT,
+                                         model=dict(Z3_LEAF_DICT_OUTPUT["model"],
+                                                    params={"w": "trainable", "s": "trainable"},
+                                                    ops=[["act", "tanh"]]))
 
 
 @pytest.mark.needs_patch(13)
@@ -251,6 +283,18 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
     reduction from the output's tensors. v0.19.2 and every prefix before 0013 fail the same way;
     v0.19.8 too, where PR 11 is the same change."""
     run_fixed_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT, 13, "grad")
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
+def test_fuzz_z3_leaf_dict_output_params_unused(fuzz_pool):
+    """A guard, once a finding (the 30-minute search of the fifteen-patch series): a z3 leaf returning
+    a dict whose forward uses none of its trainable params. The reduction 0013 arms found no grad to
+    wait for and ran at once, before any pre-backward gathered the leaf, zero-filling its params at
+    their partitioned size (RuntimeError: 0 != 16 Cannot reduce scatter gradients whose size is not
+    same as the params); 0010 now zero-fills at the full size. Without 0013 nothing reduces such a
+    leaf and its params keep the zero grads they started with, so v0.19.2 and every prefix pass."""
+    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED)
 
 
 @pytest.mark.needs_patch(7)
@@ -273,15 +317,56 @@ def test_fuzz_unused_trainable_params_with_no_grad_input(fuzz_pool):
     run_case(fuzz_pool, case)
 
 
-@finding("error",
-         "z3 leaf module run twice before one backward (two forwards, one loss): the weight's "
-         "gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
-         "len(set(ds_id)) == len(params)); v0.19.2 too")
-def test_fuzz_z3_leaf_run_twice_before_backward(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, forwards=2, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
-                         "output": "tensor", "z3_leaf": True}))
+# The shrunk cases of the three families of a param reduced twice in one backward (tests/test_v0198.py
+# runs them on v0.19.8). The reentrant ones also run with a reduce bucket of one element, where the
+# second gradient meets the first already partitioned: no error there, a wrong gradient. (The z3 leaf
+# run twice passes on v0.19.2 with that bucket: its first reduction, made before autograd accumulates
+# the grads of both runs, is of zeros, and the second, of the sum, overwrites it.)
+REDUCED_TWICE = {
+    "z3-leaf-run-twice":
+    dict(_CASE, forwards=2, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                "output": "tensor", "z3_leaf": True}),
+    "reentrant-module-run-twice":
+    dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "trainable"},
+                "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_LEAF],
+                              "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                              "z3_leaf": False}, _TRAINABLE_LEAF],
+                "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
+                "output": "tensor", "z3_leaf": False}),
+    "reentrant-external-param":
+    dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "trainable"},
+                "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
+                              "ops": [["external", 0]], "output": "tensor", "z3_leaf": False}],
+                "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                "z3_leaf": False}),
+}
+
+
+REDUCED_TWICE_RUNS = [(family, "default") for family in REDUCED_TWICE] + [
+    ("reentrant-module-run-twice", "one-param"), ("reentrant-external-param", "one-param")]
+
+
+def with_bucket(case, bucket):
+    return dict(case, zero=dict(case["zero"], bucket=bucket))
+
+
+@pytest.mark.needs_patch(14)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("family, bucket", REDUCED_TWICE_RUNS)
+def test_fuzz_param_reduced_twice(fuzz_pool, family, bucket):
+    """Once findings (the 30-minute searches of the twelve- and fourteen-patch series, shrunk): a
+    param whose gradient reaches stage 3's reduction twice in one backward: a z3 leaf run twice
+    before one backward, a module run twice whose forward checkpoints its child with
+    use_reentrant=True, a reentrant checkpoint reading its caller's vector that the caller also uses
+    outside it. With the first gradient still in the reduce bucket, AssertionError in
+    __reduce_and_partition_ipg_grads (len(set(ds_id)) == len(params)); with it already partitioned
+    (a bucket of one element), micro-step 0 overwrote it: a wrong gradient, silently. 0014 adds the
+    second reduction. v0.19.2 and every prefix before 0014 fail; v0.19.8 too, where PR 12 is the
+    same change."""
+    run_fixed_case(fuzz_pool, with_bucket(REDUCED_TWICE[family], bucket), 14, "error", "grad")
 
 
 @pytest.mark.needs_patch(7)
@@ -358,22 +443,6 @@ def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
                                "z3_leaf": False}), 7, "I1")
 
 
-@finding("error", "fully trainable: a module called twice whose forward checkpoints its child with use_reentrant=True: "
-         "ZeRO-3 puts the child's weight in the reduce bucket twice (AssertionError in "
-         "__reduce_and_partition_ipg_grads: len(set(ds_id)) == len(params))")
-def test_fuzz_reentrant_module_run_twice(fuzz_pool):
-    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
-            "z3_leaf": False}
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
-                                       "ops": [["child", 0, "reentrant", 1, "none"]], "output": "tensor",
-                                       "z3_leaf": False}, leaf],
-                         "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
-                         "output": "tensor", "z3_leaf": False}))
-
-
 @finding("grad", "a module reads (as a registered external parameter) the trainable vector of a z3 leaf module that "
          "does not run: wrong gradient for that vector, silently")
 def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
@@ -424,20 +493,6 @@ def test_fuzz_z3_leaf_kept_by_reuse(fuzz_pool, shape):
             run_case(fuzz_pool, case)
         return
     run_case(fuzz_pool, case)
-
-
-@finding("error", "a child checkpointed with use_reentrant=True reads its parent's trainable vector (a ZeRO-3 "
-         "external parameter), which the parent also scales its input with outside the checkpoint: the "
-         "vector's gradient enters the reduce bucket twice (AssertionError in __reduce_and_partition_ipg_grads, "
-         "len(set(ds_id)) == len(params)); v0.19.2 and v0.19.8, pristine or patched, fail the same way")
-def test_fuzz_reentrant_external_param(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["external", 0]], "output": "tensor", "z3_leaf": False}],
-                         "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
-                         "z3_leaf": False}))
 
 
 @pytest.mark.needs_patch(7)

@@ -8,8 +8,9 @@ import pytest
 
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
-from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_KEPT_BY_REUSE,
-                                      run_fixed_case)
+from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, REDUCED_TWICE, REDUCED_TWICE_RUNS,
+                                      Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_KEPT_BY_REUSE,
+                                      run_case, run_fixed_case, with_bucket)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -75,3 +76,22 @@ def test_fuzz_z3_leaf_dict_output_gradients(fuzz_pool):
     backward hook that reduces a z3 leaf's grads unless the output is a Tensor or a tuple. Pristine
     v0.19.8 and the follow-up without PR 11 fail; PR 11 (0013 of the v0.19.2 series) fixes it."""
     run_fixed_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT, 11, "grad")
+
+
+@pytest.mark.invariants("I1")
+def test_fuzz_z3_leaf_dict_output_params_unused(fuzz_pool):
+    """A guard (tests/test_lifecycle_fuzz.py has the story): a z3 leaf returning a dict whose forward
+    uses none of its trainable params; PR 11's reduction runs before any pre-backward gathered the
+    leaf, so PR 6 zero-fills the params at their full size. Pristine v0.19.8 passes too."""
+    run_case(fuzz_pool, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED)
+
+
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("family, bucket", REDUCED_TWICE_RUNS)
+def test_fuzz_param_reduced_twice(fuzz_pool, family, bucket):
+    """Once lifecycle fuzz findings (on the v0.19.2 series, shrunk; v0.19.8 fails the same way): a
+    param whose gradient reaches stage 3's reduction twice in one backward (a z3 leaf run twice, a
+    module run twice under reentrant checkpointing, a reentrant checkpoint reading its caller's
+    vector): AssertionError in the reduce bucket, or with a bucket of one element a wrong gradient.
+    Pristine v0.19.8 and the follow-up without PR 12 fail; PR 12 (0014 of the v0.19.2 series) fixes it."""
+    run_fixed_case(fuzz_pool, with_bucket(REDUCED_TWICE[family], bucket), 12, "error", "grad")

@@ -14,6 +14,29 @@ def nodes(case):
         yield node
 
 
+def _modules_in_order(node, inside_z3_leaf=False):
+    """The case's modules in the order the model registers them (a node listed twice is two modules),
+    each with whether it is, or is inside, a z3 leaf."""
+    inside = inside_z3_leaf or node["z3_leaf"]
+    yield node, inside
+    for child in node["children"]:
+        yield from _modules_in_order(child, inside)
+
+
+def reads_a_z3_leaf_vector_externally(case):
+    """Whether a module reads another module's vector as an external parameter (op "external")
+    where the reader or the owner is, or is inside, a z3 leaf. The owner is picked as FuzzModel
+    picks it: among the other modules that have a vector, in registration order."""
+    modules = list(_modules_in_order(case["model"]))
+    for index, (node, reader_in_leaf) in enumerate(modules):
+        owners = [owner_in_leaf for other, (owner, owner_in_leaf) in enumerate(modules)
+                  if other != index and owner["params"]["s"] != "none"]
+        for op in node["ops"]:
+            if op[0] == "external" and owners and (reader_in_leaf or owners[op[1] % len(owners)]):
+                return True
+    return False
+
+
 def may_run_a_module_twice(case):
     """Whether a module may run more than once per micro-batch: several forwards before one backward,
     an op that calls its child more than once, or two calls of the same child index (deliberately

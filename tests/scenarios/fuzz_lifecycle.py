@@ -17,7 +17,8 @@ The case format::
      "forwards": 1..3,                   # forwards summed into one loss before one backward
      "early_stop": bool,                 # torch.utils.checkpoint.set_checkpoint_early_stop
      "zero": {"gas": 1..3, "prefetch": "0" | "default", "reuse": "0" | "default",
-              "persistence": "0" | "vectors" | "default"},
+              "persistence": "0" | "vectors" | "default",
+              "bucket": "default" | "one-param"},   # reduce_bucket_size; optional, default if absent
      "steps": int}                       # optimizer steps
 
     NODE = {"params": {"w": P, "s": P},  # a dim x dim matrix and a dim vector; P: "none" |
@@ -204,6 +205,10 @@ def zero_config(case):
     # DeepSpeed's default persistence threshold (1e5) keeps every parameter of these models gathered
     overrides["stage3_param_persistence_threshold"] = {"0": 0, "vectors": case["dim"], "default": 100000}[
         zero["persistence"]]
+    if zero.get("bucket") == "one-param":
+        # every gradient reduced on its own: a second gradient of a param meets its first already
+        # partitioned, not in the bucket
+        overrides["reduce_bucket_size"] = 1
     return lifecycle_config(gas=zero["gas"], defaults=True, **overrides)
 
 
@@ -332,7 +337,7 @@ def _train(case, *, count_gathers=False):
                 when = f"in step {step}, micro-batch {micro}"
                 # the reference first: an error there means the drawn model is not valid torch
                 try:
-                    (_loss(reference, case, index, engine.device) / gas).backward()
+                    _backward_onto_earlier_micro_batches(reference, _loss(reference, case, index, engine.device) / gas)
                 except Exception as error:  # any error: the case is rejected, not a finding
                     return {"invalid": f"the reference raised {type(error).__name__}: {error}"}
                 try:
@@ -365,6 +370,19 @@ def _train(case, *, count_gathers=False):
     finally:
         engine.destroy()
     return {"frozen_gathered": [s["frozen"] for s in per_step]}
+
+
+def _backward_onto_earlier_micro_batches(reference, loss):
+    """Backward for one micro-batch, its gradients summed on their own and then added to those of the
+    earlier micro-batches, as ZeRO-3 reduces each micro-batch and adds it to the partition. A parameter
+    whose gradient comes in two parts in one micro-batch (two reentrant checkpoint phases) would
+    otherwise add each part to the running total in turn, which rounds differently in fp32."""
+    earlier = {param: param.grad for param in reference.parameters() if param.grad is not None}
+    for param in earlier:
+        param.grad = None
+    loss.backward()
+    for param, grad in earlier.items():
+        param.grad = grad if param.grad is None else grad + param.grad
 
 
 def _per_step(totals):
