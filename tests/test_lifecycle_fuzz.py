@@ -80,6 +80,15 @@ def finding_families(case):
         # needs none) under the default reuse distance; its output cannot be told from the case, so any
         # z3 leaf under that setting
         "z3-leaf-kept-by-reuse": case["zero"]["reuse"] == "default" and bool(in_z3_leaves),
+        # reentrant checkpointing and a hook-made leaf output anywhere in the case
+        "reentrant-leaf-output": "reentrant" in modes and any(node["output"] == "leaf" for node in tree),
+        # a z3 leaf and function-level checkpointing anywhere in the case
+        "z3-leaf-function-checkpoint": bool(in_z3_leaves) and bool(modes & {"function", "function-relu"}),
+        # a frozen parameter that its own module's forward does not use, under function-level checkpointing
+        "unused-frozen-param-function-checkpoint": bool(modes & {"function", "function-relu"}) and any(
+            (node["params"]["w"] == "frozen" and not any(op[0] == "linear" for op in node["ops"]))
+            or (node["params"]["s"] == "frozen" and not any(op[0] == "scale" for op in node["ops"]))
+            for node in tree),
     }
     return [family for family, matches in families.items() if matches]
 
@@ -131,9 +140,23 @@ def finding_families(case):
 # module reads, as an external parameter, the vector of a module inside a z3 leaf, or reads one from
 # inside a z3 leaf (reads_a_z3_leaf_vector_externally); any external read next to any z3 leaf kept
 # two thirds of the cases out of that search.
+# Two families found by the 30-minute search of series-15 (0682f71f4179), open on both series (the
+# shrunk cases fail the same way on the fourteen-patch series and on the follow-up; pristine v0.19.2
+# and v0.19.8 break I7 or raise first): "z3-leaf-function-checkpoint", a z3 leaf child called under
+# function-level checkpointing gets a wrong gradient for its weight
+# (test_fuzz_z3_leaf_under_function_checkpoint); "unused-frozen-param-function-checkpoint", a frozen
+# vector that its module's forward does not use, in a child called under function-level
+# checkpointing, is all-gathered 32 bytes per step without checkpointing and not at all with it, where
+# I10 promises equal volumes (test_fuzz_unused_frozen_param_under_function_checkpoint).
+# "reentrant-leaf-output", found by the 30-minute fuzz-v0198 search of follow-up-12 (cc7a3cadabd7),
+# fails the same way on both series, on series-14, on follow-up-11 and on pristine v0.19.8: a child whose output a hook makes a leaf, checkpointed with use_reentrant=True by
+# a parent that also scales with its own vector, raises AttributeError ('NoneType' object has no
+# attribute 'numel') in backward (test_fuzz_reentrant_leaf_output).
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf-external-param", "z3-leaf-leaf-output"),
-    "v0.19.8": ("z3-leaf-external-param", "z3-leaf-leaf-output", "volume-module-run-twice"),
+    "v0.19.2": ("z3-leaf-external-param", "z3-leaf-leaf-output", "z3-leaf-function-checkpoint",
+                "unused-frozen-param-function-checkpoint", "reentrant-leaf-output"),
+    "v0.19.8": ("z3-leaf-external-param", "z3-leaf-leaf-output", "volume-module-run-twice",
+                "z3-leaf-function-checkpoint", "unused-frozen-param-function-checkpoint", "reentrant-leaf-output"),
 }
 
 
@@ -260,6 +283,45 @@ def test_fuzz_z3_leaf_output_cut_from_inputs(fuzz_pool):
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
                   model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
                          "output": "leaf", "z3_leaf": True}))
+
+
+@finding("grad", "a z3 leaf child called under function-level (non-reentrant) checkpointing: wrong gradient for "
+         "its weight, silently (max abs diff 0.46); the fourteen-patch series and the follow-up too, pristine "
+         "v0.19.2 and v0.19.8 break I7 first. Found by the 30-minute search of series-15")
+def test_fuzz_z3_leaf_under_function_checkpoint(fuzz_pool):
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [dict(_TRAINABLE_LEAF, z3_leaf=True)],
+                         "ops": [["child", 0, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+
+
+@finding("error", "a child whose output a hook makes a leaf (its forward reads its input detached), checkpointed with "
+         "use_reentrant=True by a parent that also scales with its own vector: AttributeError ('NoneType' object has "
+         "no attribute 'numel') in backward; series-14, the follow-up and pristine v0.19.8 too. Found by the "
+         "30-minute fuzz-v0198 search of the twelve-PR follow-up")
+def test_fuzz_reentrant_leaf_output(fuzz_pool):
+    leaf_output = {"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_LEAF],
+                   "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [leaf_output],
+                         "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
+                         "z3_leaf": False}))
+
+
+@finding("I10", "a frozen vector its module's forward does not use, in a child called under function-level "
+         "checkpointing: 32 bytes of frozen parameters all-gathered per step without checkpointing, none with "
+         "it, where I10 promises equal volumes; the fourteen-patch series and the follow-up too, pristine v0.19.2 "
+         "and v0.19.8 raise first. Found by the 30-minute search of series-15")
+def test_fuzz_unused_frozen_param_under_function_checkpoint(fuzz_pool):
+    frozen_vector = {"params": {"w": "trainable", "s": "frozen"}, "children": [_TRAINABLE_LEAF],
+                     "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"},
+                         "children": [_TRAINABLE_LEAF, frozen_vector],
+                         "ops": [["child", 1, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}))
 
 
 # the shrunk case of "z3-leaf-dict-output" (tests/test_v0198.py runs it on v0.19.8)
