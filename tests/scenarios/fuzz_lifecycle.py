@@ -341,7 +341,7 @@ def _train(case, *, count_gathers=False):
                 when = f"in step {step}, micro-batch {micro}"
                 # the reference first: an error there means the drawn model is not valid torch
                 try:
-                    _backward_onto_earlier_micro_batches(reference, _loss(reference, case, index, engine.device) / gas)
+                    (_loss(reference, case, index, engine.device) / gas).backward()
                 except Exception as error:  # any error: the case is rejected, not a finding
                     return {"invalid": f"the reference raised {type(error).__name__}: {error}"}
                 try:
@@ -375,19 +375,6 @@ def _train(case, *, count_gathers=False):
     finally:
         engine.destroy()
     return {"frozen_gathered": [s["frozen"] for s in per_step]}
-
-
-def _backward_onto_earlier_micro_batches(reference, loss):
-    """Backward for one micro-batch, its gradients summed on their own and then added to those of the
-    earlier micro-batches, as ZeRO-3 reduces each micro-batch and adds it to the partition. A parameter
-    whose gradient comes in two parts in one micro-batch (two reentrant checkpoint phases) would
-    otherwise add each part to the running total in turn, which rounds differently in fp32."""
-    earlier = {param: param.grad for param in reference.parameters() if param.grad is not None}
-    for param in earlier:
-        param.grad = None
-    loss.backward()
-    for param, grad in earlier.items():
-        param.grad = grad if param.grad is None else grad + param.grad
 
 
 def _per_step(totals):
