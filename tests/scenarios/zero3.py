@@ -321,8 +321,12 @@ def discard_aborted_backward(engine):
             bucket.clear_params()
         else:
             # v0.17.x buckets have no clear_params(); their reduction resets a bucket this way,
-            # keeping the buffer allocated at init (their clear() would drop it for good)
+            # keeping the buffer allocated at init (their clear() would drop it for good). The
+            # series' port also empties the slots map there (patch 0014): a ds_id left in it makes
+            # the next backward take that param's gradient for a second one and never bucket it.
             bucket.params.clear()
+            if hasattr(bucket, "slots"):
+                bucket.slots.clear()
             bucket.elements = 0
     # set_to_none=True calls record_stream, which CPU tensors do not support
     engine.optimizer.zero_grad(set_to_none=False)
