@@ -44,7 +44,9 @@ NOT_APPLICABLE = "not applicable"
 # 8 a module's trainable params kept across a recompute inside its own backward, 9 a z3 leaf's reuse
 # scan counts a traced module's own params, 10 a returned parameter its caller already holds kept
 # gathered, 11 a z3 leaf's grads reduced when its output is not a tuple (needs 6), 12 a param's
-# second gradient reduction in one micro-step added to the first. The patches are independent
+# second gradient reduction in one micro-step added to the first, 13 a z3 leaf's grads that its
+# backward hook did not reduce reduced in the epilogue, 14 a zero gradient reduced when a grad hook
+# runs without one. The patches are independent
 # (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the first n".
 V0198 = {
     "test_frozen_norm": 0,

@@ -140,23 +140,26 @@ def finding_families(case):
 # module reads, as an external parameter, the vector of a module inside a z3 leaf, or reads one from
 # inside a z3 leaf (reads_a_z3_leaf_vector_externally); any external read next to any z3 leaf kept
 # two thirds of the cases out of that search.
-# Two families found by the 30-minute search of series-15 (0682f71f4179), open on both series (the
-# shrunk cases fail the same way on the fourteen-patch series and on the follow-up; pristine v0.19.2
-# and v0.19.8 break I7 or raise first): "z3-leaf-function-checkpoint", a z3 leaf child called under
-# function-level checkpointing gets a wrong gradient for its weight
-# (test_fuzz_z3_leaf_under_function_checkpoint); "unused-frozen-param-function-checkpoint", a frozen
-# vector that its module's forward does not use, in a child called under function-level
-# checkpointing, is all-gathered 32 bytes per step without checkpointing and not at all with it, where
-# I10 promises equal volumes (test_fuzz_unused_frozen_param_under_function_checkpoint).
+# Two families found by the 30-minute search of series-15 (0682f71f4179), on both series (pristine
+# v0.19.2 and v0.19.8 break I7 or raise first): "z3-leaf-function-checkpoint", a z3 leaf child called
+# under function-level checkpointing, got a wrong gradient for its weight (fixed, below);
+# "unused-frozen-param-function-checkpoint", a frozen vector that its module's forward does not use,
+# in a child called under function-level checkpointing, is all-gathered 32 bytes per step without
+# checkpointing and not at all with it. That one was the oracle's: a forward called as a function
+# gathers only what it reads, so I10 promises at most, not equal, volumes there
+# (test_fuzz_volume_forward_skipping_a_frozen_param).
+# Three z3 leaf families had one cause, a leaf whose full backward hook torch does not call:
+# "z3-leaf-function-checkpoint", "z3-leaf-leaf-output" and "z3-leaf-external-param". 0015 reduces
+# such a leaf's grads in the backward epilogue, PR 13 on the follow-up
+# (test_fuzz_z3_leaf_grads_reduced_without_backward_hook); the fuzzer draws all three shapes again.
 # "reentrant-leaf-output", found by the 30-minute fuzz-v0198 search of follow-up-12 (cc7a3cadabd7),
-# fails the same way on both series, on series-14, on follow-up-11 and on pristine v0.19.8: a child whose output a hook makes a leaf, checkpointed with use_reentrant=True by
-# a parent that also scales with its own vector, raises AttributeError ('NoneType' object has no
-# attribute 'numel') in backward (test_fuzz_reentrant_leaf_output).
+# failed the same way on both series and on pristine v0.19.2 and v0.19.8: a child whose output a hook
+# makes a leaf, checkpointed with use_reentrant=True by a parent that also scales with its own vector,
+# raised AttributeError ('NoneType' object has no attribute 'numel') in backward. Torch ran the
+# vector's grad hook with no grad; 0016 and PR 14 reduce zeros there (test_fuzz_reentrant_leaf_output).
 OPEN_FINDINGS = {
-    "v0.19.2": ("z3-leaf-external-param", "z3-leaf-leaf-output", "z3-leaf-function-checkpoint",
-                "unused-frozen-param-function-checkpoint", "reentrant-leaf-output"),
-    "v0.19.8": ("z3-leaf-external-param", "z3-leaf-leaf-output", "volume-module-run-twice",
-                "z3-leaf-function-checkpoint", "unused-frozen-param-function-checkpoint", "reentrant-leaf-output"),
+    "v0.19.2": (),
+    "v0.19.8": ("volume-module-run-twice", ),
 }
 
 
@@ -274,54 +277,65 @@ def test_fuzz_z3_leaf_leaf_output_no_grad_child(fuzz_pool):
                                "ops": [["nograd", 0]], "output": "leaf", "z3_leaf": True}), 10, "error")
 
 
-@finding("grad", "a z3 leaf (the root) fed an input that requires grad, whose output does not depend on it (the "
-         "forward reads the input detached): torch never calls the leaf's full backward hook, which waits for the "
-         "grads of its inputs, so the weight's gradient is never reduced (wrong, silently); pristine v0.19.2 and "
-         "v0.19.8 too. The z3-leaf-leaf-output family, found by the fuzz-v0198 search")
-def test_fuzz_z3_leaf_output_cut_from_inputs(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
-                         "output": "leaf", "z3_leaf": True}))
+# the shrunk cases of three families whose z3 leaf's full backward hook torch never calls, so that
+# nothing reduced the leaf's grads (tests/test_v0198.py runs them on v0.19.8): its forward called
+# by function-level checkpointing ("z3-leaf-function-checkpoint", found by the 30-minute search of
+# series-15), its output cut from its input by a detach ("z3-leaf-leaf-output", found by
+# tox -e fuzz-v0198), and its vector read as an external parameter while it does not run
+# ("z3-leaf-external-param")
+_TRAINABLE_Z3_LEAF = dict(_TRAINABLE_LEAF, z3_leaf=True)
+Z3_LEAF_HOOK_NOT_CALLED = {
+    "forward-under-function-checkpoint":
+    dict(_CASE,
+         inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_Z3_LEAF],
+                "ops": [["child", 0, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}),
+    "output-cut-from-input":
+    dict(_CASE,
+         inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model=dict(_TRAINABLE_Z3_LEAF, output="leaf")),
+    "vector-read-while-idle":
+    dict(_CASE,
+         inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+         model={"params": {"w": "trainable", "s": "none"},
+                "children": [dict(_TRAINABLE_LEAF, ops=[["external", 0]]), _TRAINABLE_Z3_LEAF],
+                "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}),
+}
 
 
-@finding("grad", "a z3 leaf child called under function-level (non-reentrant) checkpointing: wrong gradient for "
-         "its weight, silently (max abs diff 0.46); the fourteen-patch series and the follow-up too, pristine "
-         "v0.19.2 and v0.19.8 break I7 first. Found by the 30-minute search of series-15")
-def test_fuzz_z3_leaf_under_function_checkpoint(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [dict(_TRAINABLE_LEAF, z3_leaf=True)],
-                         "ops": [["child", 0, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+@pytest.mark.needs_patch(15)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("shape", Z3_LEAF_HOOK_NOT_CALLED)
+def test_fuzz_z3_leaf_grads_reduced_without_backward_hook(fuzz_pool, shape):
+    """Once findings: a trainable z3 leaf whose full backward hook torch does not call (its forward
+    run by checkpoint(leaf.forward), its output cut from its input, or the leaf idle while another
+    module reads its vector) got a wrong gradient, silently: its params' grads were never reduced.
+    0015 reduces them in the backward epilogue. The fourteen-patch prefix gets the wrong gradients;
+    pristine v0.19.2 too for the idle leaf, and breaks I7 (the checkpointed leaf: counter -16) or
+    I1 (the cut output: the head left gathered) first in the other two shapes."""
+    run_fixed_case(fuzz_pool, Z3_LEAF_HOOK_NOT_CALLED[shape], 15, "grad", "I7", "I1")
 
 
-@finding("error", "a child whose output a hook makes a leaf (its forward reads its input detached), checkpointed with "
-         "use_reentrant=True by a parent that also scales with its own vector: AttributeError ('NoneType' object has "
-         "no attribute 'numel') in backward; series-14, the follow-up and pristine v0.19.8 too. Found by the "
-         "30-minute fuzz-v0198 search of the twelve-PR follow-up")
+# the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
+REENTRANT_LEAF_OUTPUT = dict(
+    _CASE,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    model={"params": {"w": "trainable", "s": "trainable"},
+           "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_LEAF],
+                         "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}],
+           "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor", "z3_leaf": False})
+
+
+@pytest.mark.needs_patch(16)
+@pytest.mark.invariants("I1")
 def test_fuzz_reentrant_leaf_output(fuzz_pool):
-    leaf_output = {"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_LEAF],
-                   "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [leaf_output],
-                         "ops": [["scale"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
-                         "z3_leaf": False}))
-
-
-@finding("I10", "a frozen vector its module's forward does not use, in a child called under function-level "
-         "checkpointing: 32 bytes of frozen parameters all-gathered per step without checkpointing, none with "
-         "it, where I10 promises equal volumes; the fourteen-patch series and the follow-up too, pristine v0.19.2 "
-         "and v0.19.8 raise first. Found by the 30-minute search of series-15")
-def test_fuzz_unused_frozen_param_under_function_checkpoint(fuzz_pool):
-    frozen_vector = {"params": {"w": "trainable", "s": "frozen"}, "children": [_TRAINABLE_LEAF],
-                     "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"},
-                         "children": [_TRAINABLE_LEAF, frozen_vector],
-                         "ops": [["child", 1, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+    """Once a finding (the 30-minute fuzz-v0198 search of the twelve-PR follow-up): a child whose
+    output a hook makes a leaf (its forward reads its input detached), checkpointed with
+    use_reentrant=True by a parent that scales with its own vector. The checkpoint returns None for
+    its input, torch still runs the vector's post-accumulate-grad hook, and the reduction found no
+    grad (AttributeError: 'NoneType' object has no attribute 'numel'). 0016 reduces zeros there.
+    Every prefix without it fails the same way, pristine v0.19.2 too."""
+    run_fixed_case(fuzz_pool, REENTRANT_LEAF_OUTPUT, 16, "error")
 
 
 # the shrunk case of "z3-leaf-dict-output" (tests/test_v0198.py runs it on v0.19.8)
@@ -505,19 +519,6 @@ def test_fuzz_reentrant_dict_output_cuts_input(fuzz_pool):
                                "z3_leaf": False}), 7, "I1")
 
 
-@finding("grad", "a module reads (as a registered external parameter) the trainable vector of a z3 leaf module that "
-         "does not run: wrong gradient for that vector, silently")
-def test_fuzz_external_param_of_z3_leaf(fuzz_pool):
-    run_case(fuzz_pool,
-             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "none"},
-                         "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["external", 0]], "output": "tensor", "z3_leaf": False},
-                                      {"params": {"w": "trainable", "s": "trainable"}, "children": [],
-                                       "ops": [["linear"]], "output": "tensor", "z3_leaf": True}],
-                         "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}))
-
-
 # the shrunk cases of "z3-leaf-kept-by-reuse" (tests/test_v0198.py runs them on v0.19.8)
 _Z3_LEAF_ROOT = {"children": [], "output": "tensor", "z3_leaf": True}
 _DEFAULT_REUSE = {"gas": 1, "prefetch": "0", "reuse": "default", "persistence": "0"}
@@ -639,6 +640,26 @@ def test_fuzz_volume_module_run_twice_plain_then_checkpointed(fuzz_pool):
                                 "ops": [["child", 0, "none", 1, "none"], ["child", 0, "module", 1, "none"]],
                                 "output": "tensor", "z3_leaf": False}),
                     pristine_breaks="I1")
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_volume_forward_skipping_a_frozen_param(fuzz_pool):
+    """Once a finding (the 30-minute search of series-15), of the oracle, not of ZeRO-3: a child
+    whose forward does not use its frozen vector, called under function-level checkpointing
+    (checkpoint(kid.forward)), all-gathers no frozen bytes per step, the same case without
+    checkpointing 32. Called as a function, the child's own hooks do not run and ZeRO-3 gathers only
+    what its forward reads; called as a module it gathers all of the child's params, in forward and
+    again in backward. I10 promises at most the volume without checkpointing there
+    (fuzz_case.calls_a_forward_that_skips_a_frozen_param)."""
+    frozen_vector = {"params": {"w": "trainable", "s": "frozen"}, "children": [_TRAINABLE_LEAF],
+                     "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
+    run_volume_case(fuzz_pool,
+                    dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                         model={"params": {"w": "trainable", "s": "trainable"},
+                                "children": [_TRAINABLE_LEAF, frozen_vector],
+                                "ops": [["child", 1, "function", 1, "none"]], "output": "tensor",
+                                "z3_leaf": False}),
+                    pristine_breaks="error")
 
 
 # the shrunk case of "checkpointed-param-output-run-twice" (tests/test_v0198.py runs it on v0.19.8)

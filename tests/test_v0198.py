@@ -9,8 +9,9 @@ import pytest
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
 from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, REDUCED_TWICE, REDUCED_TWICE_RUNS,
-                                      Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_KEPT_BY_REUSE,
-                                      run_case, run_fixed_case, with_bucket)
+                                      REENTRANT_LEAF_OUTPUT, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED,
+                                      Z3_LEAF_HOOK_NOT_CALLED, Z3_LEAF_KEPT_BY_REUSE, run_case, run_fixed_case,
+                                      with_bucket)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -95,3 +96,23 @@ def test_fuzz_param_reduced_twice(fuzz_pool, family, bucket):
     vector): AssertionError in the reduce bucket, or with a bucket of one element a wrong gradient.
     Pristine v0.19.8 and the follow-up without PR 12 fail; PR 12 (0014 of the v0.19.2 series) fixes it."""
     run_fixed_case(fuzz_pool, with_bucket(REDUCED_TWICE[family], bucket), 12, "error", "grad")
+
+
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("shape", Z3_LEAF_HOOK_NOT_CALLED)
+def test_fuzz_z3_leaf_grads_reduced_without_backward_hook(fuzz_pool, shape):
+    """Once lifecycle fuzz findings (tests/test_lifecycle_fuzz.py has the story): a trainable z3 leaf
+    whose full backward hook torch does not call (its forward run by checkpoint(leaf.forward), its
+    output cut from its input, or the leaf idle while another module reads its vector) got a wrong
+    gradient, silently. Pristine v0.19.8 and the follow-up without PR 13 fail; PR 13 (0015 of the
+    v0.19.2 series) reduces those grads in the backward epilogue."""
+    run_fixed_case(fuzz_pool, Z3_LEAF_HOOK_NOT_CALLED[shape], 13, "grad", "I7", "I1")
+
+
+@pytest.mark.invariants("I1")
+def test_fuzz_reentrant_leaf_output(fuzz_pool):
+    """Once a lifecycle fuzz finding (tests/test_lifecycle_fuzz.py has the story): a reentrant
+    checkpoint returned None for an input computed from a trainable vector, torch still ran the
+    vector's grad hook, and the reduction found no grad (AttributeError). Pristine v0.19.8 and the
+    follow-up without PR 14 fail; PR 14 (0016 of the v0.19.2 series) reduces zeros there."""
+    run_fixed_case(fuzz_pool, REENTRANT_LEAF_OUTPUT, 14, "error")
