@@ -12,6 +12,7 @@ import os
 import pytest
 
 from tests import lifecycle_fuzz
+from tests.harness.pool import ScenarioFailed
 from tests.scenarios.fuzz_case import may_run_a_module_twice, nodes, reads_a_z3_leaf_vector_externally
 from tests.test_frozen_ckpt import SERIES_LENGTH, applied_patches
 
@@ -314,6 +315,28 @@ def test_fuzz_z3_leaf_grads_reduced_without_backward_hook(fuzz_pool, shape):
     pristine v0.19.2 too for the idle leaf, and breaks I7 (the checkpointed leaf: counter -16) or
     I1 (the cut output: the head left gathered) first in the other two shapes."""
     run_fixed_case(fuzz_pool, Z3_LEAF_HOOK_NOT_CALLED[shape], 15, "grad", "I7", "I1")
+
+
+def run_experts_routed_by_rank(pool, patch):
+    """The z3 leaf experts scenario (tests/scenarios/frozen_ckpt.py): with fewer than ``patch``
+    patches of the installed base's series it must fail, with them pass."""
+    target = "tests.scenarios.frozen_ckpt:z3_leaf_experts_routed_by_rank"
+    if applied_patches() < patch:
+        with pytest.raises(ScenarioFailed):
+            pool.run(target)
+        return
+    pool.run(target)
+
+
+@pytest.mark.needs_patch(15)
+@pytest.mark.invariants("I1")
+def test_z3_leaf_experts_routed_by_rank(fuzz_pool):
+    """A z3 leaf of two experts whose backward hook torch never calls (its output is cut from its
+    input), each rank routing to another expert: every rank must reduce both experts' params, or
+    the ranks' reductions do not match. A reviewer's finding on the first version of 0015, which
+    reduced only the params holding a grad (the experts' gradients averaged across experts); every
+    prefix without 0015 never reduces them, pristine v0.19.2 too."""
+    run_experts_routed_by_rank(fuzz_pool, 15)
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)

@@ -10,8 +10,8 @@ from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
 from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, REDUCED_TWICE, REDUCED_TWICE_RUNS,
                                       REENTRANT_LEAF_OUTPUT, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED,
-                                      Z3_LEAF_HOOK_NOT_CALLED, Z3_LEAF_KEPT_BY_REUSE, run_case, run_fixed_case,
-                                      with_bucket)
+                                      Z3_LEAF_HOOK_NOT_CALLED, Z3_LEAF_KEPT_BY_REUSE, run_case,
+                                      run_experts_routed_by_rank, run_fixed_case, with_bucket)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -107,6 +107,14 @@ def test_fuzz_z3_leaf_grads_reduced_without_backward_hook(fuzz_pool, shape):
     gradient, silently. Pristine v0.19.8 and the follow-up without PR 13 fail; PR 13 (0015 of the
     v0.19.2 series) reduces those grads in the backward epilogue."""
     run_fixed_case(fuzz_pool, Z3_LEAF_HOOK_NOT_CALLED[shape], 13, "grad", "I7", "I1")
+
+
+@pytest.mark.invariants("I1")
+def test_z3_leaf_experts_routed_by_rank(fuzz_pool):
+    """tests/test_lifecycle_fuzz.py has the story: a z3 leaf of two experts whose backward hook
+    torch never calls, each rank routing to another expert. Pristine v0.19.8 and the follow-up
+    without PR 13 never reduce the experts' params."""
+    run_experts_routed_by_rank(fuzz_pool, 13)
 
 
 @pytest.mark.invariants("I1")

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 import deepspeed
+from deepspeed import comm as dist
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
 from tests.scenarios import models
 from tests.scenarios.zero3 import (DTYPES, assert_forward_stack_clean, count_all_gathers, discard_aborted_backward,
-                                   assert_grads_match, assert_quiescent, batch, build, frozen_available,
+                                   assert_grads_match, assert_quiescent, batch, build, frozen_available, full_grad,
                                    lifecycle_config, outstanding_releases, record_lifecycle_trace, reference_grads,
                                    skip_unless_dtype_supported, sync_reference, train, coordinator_of)
 
@@ -716,3 +717,65 @@ def engine_compile(*, checkpointing="module"):
     result = train(engine, reference, _inputs(engine))
     engine.destroy()
     return result
+
+
+class _ExpertsByRoute(torch.nn.Module):
+    """Two experts, of which the forward runs the one ``route`` names (a router that, per rank,
+    picks different experts: what MoE layers do), on its input detached (a stop-gradient)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(2))
+        self.route = 0
+
+    def forward(self, x):
+        return torch.tanh(self.experts[self.route](x.detach()))
+
+
+class _ExpertsCutFromInput(torch.nn.Module):
+
+    def __init__(self, dim):
+        super().__init__()
+        self.moe = _ExpertsByRoute(dim)
+        self.head = torch.nn.Linear(dim, 1)
+
+    def forward(self, x):
+        return self.head(self.moe(x)).pow(2).mean()
+
+
+def z3_leaf_experts_routed_by_rank(*, steps=2):
+    """A z3 leaf of two experts whose output does not depend on its input, which requires grad,
+    so that torch never calls the leaf's backward hook; each rank routes its batch to the expert
+    of its rank's parity. Every rank must reduce every parameter of the leaf, whichever its own
+    batch used, or the ranks' reductions do not match: the expected gradient is the mean over
+    ranks of the torch reference routed as each rank. v0.19.2 and v0.19.8: the leaf's grads are
+    never reduced."""
+    config = lifecycle_config()
+
+    def factory():
+        model = _ExpertsCutFromInput(DIM)
+        deepspeed.utils.set_z3_leaf_modules(model, [_ExpertsByRoute])
+        return model
+
+    engine, reference = build(factory, config)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    engine.module.moe.route = rank % 2
+    for step in range(steps):
+        x = batch(step, (2, DIM), device=engine.device)
+        engine.backward(engine(x))
+        assert_quiescent(engine, f"after backward of step {step}")
+        expected = {}
+        for route in range(world):
+            reference.zero_grad()
+            reference.moe.route = route % 2
+            reference(x).backward()
+            for name, param in reference.named_parameters():
+                grad = param.grad if param.grad is not None else torch.zeros_like(param)
+                expected[name] = expected.get(name, 0) + grad / world
+        for name, param in engine.module.named_parameters():
+            torch.testing.assert_close(full_grad(param).float().cpu(), expected[name].float().cpu(),
+                                       msg=lambda m, name=name: f"{name} in step {step}: {m}")
+        engine.step()
+        sync_reference(engine, reference)
+    engine.destroy()
+    return {"steps": steps}
