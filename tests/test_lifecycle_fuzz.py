@@ -85,6 +85,10 @@ def finding_families(case):
         "reentrant-leaf-output": "reentrant" in modes and any(node["output"] == "leaf" for node in tree),
         # a z3 leaf and function-level checkpointing anywhere in the case
         "z3-leaf-function-checkpoint": bool(in_z3_leaves) and bool(modes & {"function", "function-relu"}),
+        # a module whose output the loss does not use (a later module reads it detached: a hook-made leaf
+        # output), recomputed by non-reentrant checkpointing while it holds a frozen parameter
+        "output-unused-under-recompute": bool(modes & {"module", "function", "function-relu"}) and any(
+            node["output"] == "leaf" for node in tree) and any("frozen" in node["params"].values() for node in tree),
         # a frozen parameter that its own module's forward does not use, under function-level checkpointing
         "unused-frozen-param-function-checkpoint": bool(modes & {"function", "function-relu"}) and any(
             (node["params"]["w"] == "frozen" and not any(op[0] == "linear" for op in node["ops"]))
@@ -158,8 +162,15 @@ def finding_families(case):
 # makes a leaf, checkpointed with use_reentrant=True by a parent that also scales with its own vector,
 # raised AttributeError ('NoneType' object has no attribute 'numel') in backward. Torch ran the
 # vector's grad hook with no grad; 0016 and PR 14 reduce zeros there (test_fuzz_reentrant_leaf_output).
+# "output-unused-under-recompute", found by the 20-minute search of series-17 (3a936b69e4d6), the same
+# on series-15's fixes (the first fourteen patches): a module whose output the loss does not use (the
+# next module reads it detached) and that holds a frozen parameter is recomputed under module-level
+# checkpointing; its post-backward never runs, so the frozen parameter the recompute held is released
+# at the end of the graph task, with the late-release report (I4; an error under strict release
+# checks). The drain is the designed catch-all; I4 promises that no tested shape needs it
+# (test_fuzz_output_unused_under_recompute, a strict xfail).
 OPEN_FINDINGS = {
-    "v0.19.2": (),
+    "v0.19.2": ("output-unused-under-recompute", ),
     "v0.19.8": ("volume-module-run-twice", ),
 }
 
@@ -337,6 +348,23 @@ def test_z3_leaf_experts_routed_by_rank(fuzz_pool):
     reduced only the params holding a grad (the experts' gradients averaged across experts); every
     prefix without 0015 never reduces them, pristine v0.19.2 too."""
     run_experts_routed_by_rank(fuzz_pool, 15)
+
+
+@finding("I4", "a module whose output the loss does not use (the next module reads it detached) holds a frozen "
+         "vector and is recomputed under module-level checkpointing: its post-backward never runs, and the held "
+         "vector is released at the end of the graph task (late-release report). Found by the search of series-17")
+def test_fuzz_output_unused_under_recompute(fuzz_pool):
+    reader = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "leaf",
+              "z3_leaf": False}
+    unused = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]], "output": "tensor",
+              "z3_leaf": False}
+    block = {"params": {"w": "trainable", "s": "trainable"}, "children": [reader, unused],
+             "ops": [["child", 0, "none", 1, "none"], ["child", 1, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
+             "output": "tensor", "z3_leaf": False}
+    run_case(fuzz_pool,
+             dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [block],
+                         "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
