@@ -89,11 +89,6 @@ def finding_families(case):
         # output), recomputed by non-reentrant checkpointing while it holds a frozen parameter
         "output-unused-under-recompute": bool(modes & {"module", "function", "function-relu"}) and any(
             node["output"] == "leaf" for node in tree) and any("frozen" in node["params"].values() for node in tree),
-        # a frozen parameter that its own module's forward does not use, under function-level checkpointing
-        "unused-frozen-param-function-checkpoint": bool(modes & {"function", "function-relu"}) and any(
-            (node["params"]["w"] == "frozen" and not any(op[0] == "linear" for op in node["ops"]))
-            or (node["params"]["s"] == "frozen" and not any(op[0] == "scale" for op in node["ops"]))
-            for node in tree),
     }
     return [family for family, matches in families.items() if matches]
 
