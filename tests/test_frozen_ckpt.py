@@ -19,7 +19,7 @@ import pytest
 from tests.bases import GAP, series_length
 from tests.harness import ScenarioFailed
 
-SERIES_LENGTH = 16  # fix patches; 0017 adds tests only
+SERIES_LENGTH = 18  # fix patches; 0019 adds tests only
 FROZEN = "tests.scenarios.frozen_ckpt"
 
 
@@ -89,6 +89,16 @@ CHECKPOINTING = ["module", "function", "reentrant"]
 def test_frozen_norm(scenario, checkpointing, dtype):
     """The seed reproducer: frozen LayerNorm -> Linear blocks, exact gradients in fp32."""
     scenario(f"{FROZEN}:frozen_norm", checkpointing=checkpointing, dtype=dtype)
+
+
+@pytest.mark.needs_patch(18)
+@pytest.mark.invariants("I1")
+def test_returned_param_with_unused_sibling(scenario):
+    """A module fed an input that needs no grad returns its own trainable scale next to its expert's
+    output and does not use its shift: a pre-backward reached after the module's grads are
+    accumulated must not gather again. v0.19.2 and the first seventeen patches: the shift left
+    gathered after backward."""
+    scenario(f"{FROZEN}:returned_param_with_unused_sibling")
 
 
 @pytest.mark.needs_patch(5)
@@ -428,6 +438,15 @@ def test_input_through_attribute_with_frozen_weight(scenario, checkpointing):
 @pytest.mark.invariants("I1", "I4")
 def test_unused_output_late_release_reported_once(scenario):
     scenario(f"{FROZEN}:unused_output_warned_once")
+
+
+@pytest.mark.needs_patch(17)
+@pytest.mark.invariants("I1", "I4")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+def test_dropped_side_output_released_by_recompute(scenario, checkpointing):
+    """A frozen module whose output the next module reads detached, so that its graph is freed
+    with it (unlike the kept output above): its recompute releases what it gathers at once."""
+    scenario(f"{FROZEN}:dropped_side_output", checkpointing=checkpointing)
 
 
 @pytest.mark.needs_patch(5)

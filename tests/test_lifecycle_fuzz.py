@@ -87,6 +87,9 @@ def finding_families(case):
         "z3-leaf-function-checkpoint": bool(in_z3_leaves) and bool(modes & {"function", "function-relu"}),
         # a module whose output the loss does not use (a later module reads it detached: a hook-made leaf
         # output), recomputed by non-reentrant checkpointing while it holds a frozen parameter
+        # a module run under function-level and under reentrant checkpointing in one forward
+        "function-and-reentrant-run-twice": bool(modes & {"function", "function-relu"}) and "reentrant" in modes
+        and runs_twice,
         "output-unused-under-recompute": bool(modes & {"module", "function", "function-relu"}) and any(
             node["output"] == "leaf" for node in tree) and any("frozen" in node["params"].values() for node in tree),
     }
@@ -102,13 +105,15 @@ def finding_families(case):
 # series, and so did the checkpointed param output and a z3 leaf's dict output, which 0012 and PR 10,
 # 0013 and PR 11 fix. A trainable weight released by a recompute without early
 # stop broke on both; 0009 and PR 8 fix it.
-# Two families are open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
+# Two families were open on the follow-up only (found by tox -e fuzz-v0198; the v0.19.2 series holds
 # test_fuzz_volume_module_run_twice_plain_then_checkpointed, and meets the other as
 # input-cut-by-detach): "z3-leaf-leaf-output", a z3 leaf whose output a hook makes a leaf: wrong
 # gradient for its trainable weight, pristine v0.19.8 too (shrunk: the root is the z3 leaf, w and s
 # trainable, ops [linear], output leaf, x_grad, prefetch 0, reuse 0); "volume-module-run-twice": 112
 # bytes of frozen parameters all-gathered per step with checkpointing, 96 without (pristine v0.19.8
-# breaks I8 first). A third family broke both series and pristine v0.19.8 (pristine v0.19.2 leaks
+# breaks I8 first). The second was v0.19.8's one post-backward per module, not per invocation: the
+# run without checkpointing kept the child gathered through the rest of backward (fewer gathers),
+# the recompute reset the count and released it. PR 15 ports 0003 (128 and 128 bytes). A third family broke both series and pristine v0.19.8 (pristine v0.19.2 leaks
 # another parameter first): "z3-leaf-kept-by-reuse", a z3 leaf with no backward (a frozen weight,
 # found by a tox -e fuzz-v0198 search; trainable params its forward does not use, or a call under
 # no_grad, found on the v0.19.2 series once 0010 let z3 leaf cases run there) kept its params
@@ -162,11 +167,25 @@ def finding_families(case):
 # next module reads it detached) and that holds a frozen parameter is recomputed under module-level
 # checkpointing; its post-backward never runs, so the frozen parameter the recompute held is released
 # at the end of the graph task, with the late-release report (I4; an error under strict release
-# checks). The drain is the designed catch-all; I4 promises that no tested shape needs it
-# (test_fuzz_output_unused_under_recompute, a strict xfail).
+# checks). 0017 releases it at the recompute's post-forward when no node of the module's original
+# outputs is left, the weak references of 0007 letting the unused input's graph go
+# (test_fuzz_output_unused_under_recompute, once a strict xfail). A module whose unused output is
+# kept alive (returned, stored) is still held and reported: torch checks what that graph saved.
+# "returned-param-after-grads-accumulated", found 8 minutes into a search of series-18 (on pristine
+# v0.19.2 too; the follow-up's epilogue sweep releases it): a module fed an input that needs no grad,
+# trainable params only, returning its child's output and its own vector and not using its weight,
+# was gathered again by the pre-backward of the child's output after its post-backward had run (the
+# returned vector's accumulator fired it first), and stayed gathered (I1). 0018 gathers nothing once
+# the trigger has fired (test_fuzz_returned_param_after_grads_accumulated).
+# "function-and-reentrant-run-twice", found by the 30-minute search of series-19 (76ce9e61342b), there
+# on series-17 too, not on the follow-up (pristine v0.19.2 breaks I7 and I1 first): a child called
+# first under function-level checkpointing, checkpoint(kid.forward), then under use_reentrant=True
+# checkpointing, below a root that reads its input detached (so that no input of the tree needs grad),
+# fails in step 1 with its weight partitioned ("size mismatch ... vec (0)"); with the root's input
+# attached it passes. Open (test_fuzz_function_and_reentrant_run_twice, a strict xfail).
 OPEN_FINDINGS = {
-    "v0.19.2": ("output-unused-under-recompute", ),
-    "v0.19.8": ("volume-module-run-twice", ),
+    "v0.19.2": ("function-and-reentrant-run-twice", ),
+    "v0.19.8": (),
 }
 
 
@@ -345,21 +364,68 @@ def test_z3_leaf_experts_routed_by_rank(fuzz_pool):
     run_experts_routed_by_rank(fuzz_pool, 15)
 
 
-@finding("I4", "a module whose output the loss does not use (the next module reads it detached) holds a frozen "
-         "vector and is recomputed under module-level checkpointing: its post-backward never runs, and the held "
-         "vector is released at the end of the graph task (late-release report). Found by the search of series-17")
+# the shrunk case of "output-unused-under-recompute" (tests/test_v0198.py runs it on v0.19.8)
+_DETACHED_READER = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                    "output": "leaf", "z3_leaf": False}
+_UNUSED_OUTPUT = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]],
+                  "output": "tensor", "z3_leaf": False}
+OUTPUT_UNUSED_UNDER_RECOMPUTE = dict(
+    _CASE,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    model={"params": {"w": "trainable", "s": "trainable"},
+           "children": [{"params": {"w": "trainable", "s": "trainable"}, "children": [_DETACHED_READER, _UNUSED_OUTPUT],
+                         "ops": [["child", 0, "none", 1, "none"], ["child", 1, "none", 1, "none"],
+                                 ["child", 0, "none", 1, "none"]],
+                         "output": "tensor", "z3_leaf": False}],
+           "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False})
+
+
+@pytest.mark.needs_patch(17)
+@pytest.mark.invariants("I4")
 def test_fuzz_output_unused_under_recompute(fuzz_pool):
-    reader = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "leaf",
+    """Once a finding (the 20-minute search of series-17): a module whose output the next module
+    reads detached, holding a frozen vector, recomputed under module-level checkpointing: its
+    post-backward never runs, and the recompute's hold was released only at the end of the graph
+    task (late-release report). 0017 releases it at the recompute's post-forward, since no node of
+    its original forward's outputs is left. The first sixteen patches break I4; pristine v0.19.2
+    fails in backward (RuntimeError, a tensor of size 0)."""
+    run_fixed_case(fuzz_pool, OUTPUT_UNUSED_UNDER_RECOMPUTE, 17, "I4", "error")
+
+
+# the shrunk case of "returned-param-after-grads-accumulated"
+RETURNED_PARAM_AFTER_GRADS_ACCUMULATED = dict(
+    _CASE,
+    model={"params": {"w": "trainable", "s": "trainable"}, "children": [_TRAINABLE_LEAF],
+           "ops": [["child", 0, "none", 1, "none"]], "output": "param", "z3_leaf": False})
+
+
+@pytest.mark.needs_patch(18)
+@pytest.mark.invariants("I1")
+def test_fuzz_returned_param_after_grads_accumulated(fuzz_pool):
+    """Once a finding (8 minutes into a search of series-18, on pristine v0.19.2 too): a module
+    fed an input that needs no grad, with trainable params only, returning its child's output and
+    its own vector, and not using its weight. Its post-backward runs once its params' grads are
+    accumulated; backward reached the returned vector first, so that the pre-backward of the
+    child's output came after the post-backward and gathered the weight again, for good. 0018
+    gathers nothing once the trigger has fired."""
+    run_fixed_case(fuzz_pool, RETURNED_PARAM_AFTER_GRADS_ACCUMULATED, 18, "I1")
+
+
+@finding("error", "a child called under function-level and then reentrant checkpointing, below a root that reads "
+         "its input detached, has its weight partitioned in step 1 (RuntimeError, size mismatch, vec (0)). Found "
+         "by the 30-minute search of series-19; on series-17 too, not on the v0.19.8 follow-up")
+def test_fuzz_function_and_reentrant_run_twice(fuzz_pool):
+    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
+            "z3_leaf": False}
+    caller = {"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
+              "ops": [["child", 0, "function", 1, "none"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
               "z3_leaf": False}
-    unused = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]], "output": "tensor",
-              "z3_leaf": False}
-    block = {"params": {"w": "trainable", "s": "trainable"}, "children": [reader, unused],
-             "ops": [["child", 0, "none", 1, "none"], ["child", 1, "none", 1, "none"], ["child", 0, "none", 1, "none"]],
-             "output": "tensor", "z3_leaf": False}
+    middle = {"params": {"w": "trainable", "s": "trainable"}, "children": [caller],
+              "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
     run_case(fuzz_pool,
              dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [block],
-                         "ops": [["child", 0, "module", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [middle],
+                         "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}))
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
@@ -672,20 +738,27 @@ def test_fuzz_volume_module_run_twice(fuzz_pool):
                     pristine_breaks="I7")
 
 
+# the shrunk case of "volume-module-run-twice" (tests/test_v0198.py runs it on v0.19.8)
+VOLUME_MODULE_RUN_TWICE = dict(
+    _CASE,
+    forwards=2,
+    early_stop=True,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    model={"params": {"w": "trainable", "s": "trainable"},
+           "children": [{"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]],
+                         "output": "tensor", "z3_leaf": False}],
+           "ops": [["child", 0, "none", 1, "none"], ["child", 0, "module", 1, "none"]], "output": "tensor",
+           "z3_leaf": False})
+
+
 @pytest.mark.invariants("I10")
 def test_fuzz_volume_module_run_twice_plain_then_checkpointed(fuzz_pool):
     """Found on the v0.19.8 follow-up (tox -e fuzz-v0198): two forwards before one backward, each
-    calling a child plainly and then under module-level checkpointing, all-gather 112 bytes of
-    frozen parameters per step there, 96 without checkpointing. The v0.19.2 series keeps I10 (at
-    most): a guard for it."""
-    child = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]], "output": "tensor",
-             "z3_leaf": False}
-    run_volume_case(fuzz_pool,
-                    dict(_CASE, forwards=2, early_stop=True, inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                         model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
-                                "ops": [["child", 0, "none", 1, "none"], ["child", 0, "module", 1, "none"]],
-                                "output": "tensor", "z3_leaf": False}),
-                    pristine_breaks="I1")
+    calling a child plainly and then under module-level checkpointing, all-gathered 112 bytes of
+    frozen parameters per step there, 96 without checkpointing, because v0.19.8 runs one
+    post-backward per module, not per invocation (PR 15 fixes that, as 0003 does here). The v0.19.2
+    series keeps I10 (at most): a guard for it."""
+    run_volume_case(fuzz_pool, VOLUME_MODULE_RUN_TWICE, pristine_breaks="I1")
 
 
 @pytest.mark.invariants("I10")
@@ -828,6 +901,29 @@ def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
     assert status == 130
     assert "interrupted" in out and "3 cases ran" in out
     assert "first case that broke I1 (unshrunk): root: still gathered after backward" in out
+
+
+@pytest.mark.needs_patch(0)
+def test_fuzz_rejects_a_case_whose_reference_overflows(fuzz_pool):
+    """Once a finding of the oracle, not of ZeRO-3 (the 30-minute search of series-19, run 53): a
+    child scaling by its vector, called three times by a parent that scales too and is called three
+    times by its own parent, in three forwards per step, drives the plain torch reference's loss to
+    2.5e20 and its gradients to NaN; NaN compares unequal to itself, and the case was reported as a
+    wrong gradient. The fuzzer must reject such a case as it rejects one the reference cannot run.
+    The same on every tree."""
+    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["scale"]], "output": "tensor",
+            "z3_leaf": False}
+    inner = {"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
+             "ops": [["child", 0, "none", 3, "none"], ["scale"], ["child", 0, "none", 3, "none"]],
+             "output": "tuple", "z3_leaf": False}
+    outer = {"params": {"w": "trainable", "s": "trainable"}, "children": [inner],
+             "ops": [["child", 0, "none", 3, "none"], ["nograd", 0]], "output": "tensor", "z3_leaf": False}
+    case = dict(_CASE, forwards=3, inputs={"x_grad": True, "aux": "positional", "aux_grad": False},
+                zero={"gas": 2, "prefetch": "0", "reuse": "0", "persistence": "0"},
+                model={"params": {"w": "trainable", "s": "none"}, "children": [outer],
+                       "ops": [["child", 0, "none", 3, "none"]], "output": "tensor", "z3_leaf": False})
+    with pytest.raises(ValueError, match="not finite"):
+        lifecycle_fuzz.check(fuzz_pool, case)
 
 
 @pytest.mark.needs_patch(0)

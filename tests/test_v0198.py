@@ -8,10 +8,12 @@ import pytest
 
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
-from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, REDUCED_TWICE, REDUCED_TWICE_RUNS,
-                                      REENTRANT_LEAF_OUTPUT, Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED,
-                                      Z3_LEAF_HOOK_NOT_CALLED, Z3_LEAF_KEPT_BY_REUSE, run_case,
-                                      run_experts_routed_by_rank, run_fixed_case, with_bucket)
+from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, OUTPUT_UNUSED_UNDER_RECOMPUTE,
+                                      REDUCED_TWICE, REDUCED_TWICE_RUNS, REENTRANT_LEAF_OUTPUT,
+                                      VOLUME_MODULE_RUN_TWICE, Z3_LEAF_DICT_OUTPUT,
+                                      Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_HOOK_NOT_CALLED,
+                                      Z3_LEAF_KEPT_BY_REUSE, run_case, run_experts_routed_by_rank, run_fixed_case,
+                                      with_bucket)
 
 pytestmark = pytest.mark.skipif(installed_base() != "v0.19.8", reason="a v0.19.8 follow-up scenario (ZERO3_VERSION)")
 
@@ -124,3 +126,24 @@ def test_fuzz_reentrant_leaf_output(fuzz_pool):
     vector's grad hook, and the reduction found no grad (AttributeError). Pristine v0.19.8 and the
     follow-up without PR 14 fail; PR 14 (0016 of the v0.19.2 series) reduces zeros there."""
     run_fixed_case(fuzz_pool, REENTRANT_LEAF_OUTPUT, 14, "error")
+
+
+@pytest.mark.invariants("I4")
+def test_fuzz_output_unused_under_recompute(fuzz_pool):
+    """tests/test_lifecycle_fuzz.py has the story of this v0.19.2 series finding: a module whose
+    output the next module reads detached, holding a frozen vector, recomputed under module-level
+    checkpointing. The follow-up holds nothing for it past backward. Pristine v0.19.8 and the
+    follow-up without PR 8 fail in backward, as pristine v0.19.2 does (RuntimeError, a tensor of
+    size 0: the recompute partitions a trainable weight its own backward is about to use)."""
+    run_fixed_case(fuzz_pool, OUTPUT_UNUSED_UNDER_RECOMPUTE, 8, "error")
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_volume_module_run_twice(fuzz_pool):
+    """Once a lifecycle fuzz finding of the follow-up (tests/test_lifecycle_fuzz.py has the story):
+    two forwards before one backward, each calling a child plainly and then under module-level
+    checkpointing, all-gathered more frozen bytes per step than without checkpointing (112 vs 96),
+    because the run without it kept the child gathered through the rest of backward. PR 15 gives
+    every invocation its own post-backward (128 and 128). The follow-up without it breaks I10;
+    pristine v0.19.8 breaks I8 first."""
+    run_fixed_case(fuzz_pool, VOLUME_MODULE_RUN_TWICE, 15, "I10", "I8")

@@ -430,6 +430,20 @@ def returned_param_after_forward_function(*, checkpointing="function"):
     return _build_and_train(factory, config)
 
 
+def returned_param_with_unused_sibling():
+    """A module fed an input that needs no grad, with trainable params only, returns its expert's
+    output and its own scale and leaves its shift unused: its post-backward runs once its grads are
+    accumulated, which the returned scale's output reaches first; the expert's output reaching its
+    pre-backward afterwards must not gather the shift again. v0.19.2 leaves it gathered too."""
+    config = lifecycle_config()
+    factory = functools.partial(models.ScaledExpertCaller, DIM)
+    return _build_and_train(factory,
+                            config,
+                            inputs=functools.partial(_inputs, requires_grad=False),
+                            steps=3,
+                            unused_params=("block.shift", ))
+
+
 def reentrant_detached_frozen():
     """use_reentrant=True with a frozen norm fed a detached tensor inside the region: nothing of
     the norm is saved for backward, so it must be released, not kept. v0.19.2 works (guard); the
@@ -659,6 +673,16 @@ def unused_output_warned_once(*, steps=3):
     assert "aux_norm" in late[0], late[0]
     result["warning"] = late[0]
     return result
+
+
+def dropped_side_output(*, checkpointing="module", steps=2):
+    """A frozen side projection whose output a trainable reader reads detached, inside checkpointed
+    blocks: nothing of it has a backward, so what its recompute gathers is released by its
+    post-forward, not at the end of backward (strict release checks raise there). v0.19.2 leaves
+    the reader gathered; with the first sixteen patches the side projection is released late."""
+    config = lifecycle_config()
+    factory = lambda: models.Stack([models.DroppedSideOutputBlock(DIM) for _ in range(2)], DIM, checkpointing)
+    return _build_and_train(factory, config, steps=steps)
 
 
 def kwargs_input(*, checkpointing="module", inputs="keyword"):

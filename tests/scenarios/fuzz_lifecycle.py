@@ -347,6 +347,13 @@ def _train(case, *, count_gathers=False):
                     (_loss(reference, case, index, engine.device) / gas).backward()
                 except Exception as error:  # any error: the case is rejected, not a finding
                     return {"invalid": f"the reference raised {type(error).__name__}: {error}"}
+                overflowed = [
+                    n for n, p in reference.named_parameters() if p.grad is not None and not p.grad.isfinite().all()
+                ]
+                if overflowed:
+                    # drawn scales compound over nested repeated calls until fp32 overflows: inf or NaN
+                    # gradients compare unequal to themselves, so such a case tells nothing
+                    return {"invalid": f"the reference's gradients are not finite ({', '.join(overflowed)})"}
                 try:
                     loss = _loss(engine, case, index, engine.device, after_forward)
                     engine.backward(loss)

@@ -134,6 +134,35 @@ class ScaleOutput(torch.nn.Module):
         return x, self.scale
 
 
+class ScaledExpert(torch.nn.Module):
+    """Returns its expert's output and its own trainable scale, which the caller applies (a
+    layer-scale style module); its shift serves inputs it does not get here, so this forward leaves
+    it unused."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.expert = torch.nn.Linear(dim, dim)
+        self.scale = torch.nn.Parameter(torch.rand(dim) + 0.5)
+        self.shift = torch.nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x, shifted=False):
+        h = self.expert(x)
+        return (h + self.shift if shifted else h), self.scale
+
+
+class ScaledExpertCaller(torch.nn.Module):
+    """A ScaledExpert before a trainable head; returns the loss."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.block = ScaledExpert(dim)
+        self.head = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h, scale = self.block(x)
+        return self.head(h * scale).pow(2).mean()
+
+
 class ReturnedParamCaller(torch.nn.Module):
     """Calls a ScaleOutput through its forward function, under non-reentrant checkpointing
     (``checkpointing="function"``) or plainly ("none"), which runs none of its hooks, then as a
@@ -539,6 +568,34 @@ class UnusedOutputBlock(NormLinear):
     def forward(self, x):
         self.aux = self.aux_norm(x)
         return super().forward(x)
+
+
+class DetachedReader(torch.nn.Module):
+    """A trainable Linear that reads its input detached (a stop-gradient branch)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.lin(x.detach())
+
+
+class DroppedSideOutputBlock(NormLinear):
+    """A block whose frozen side projection feeds a reader that reads it detached: the loss does
+    not use the side projection's output, which nothing keeps, so its graph is freed with it and
+    the projection has no backward (unlike UnusedOutputBlock, whose output is kept)."""
+
+    def __init__(self, dim):
+        super().__init__(dim)
+        self.side = torch.nn.Linear(dim, dim)
+        self.reader = DetachedReader(dim)
+        self.norm.requires_grad_(False)
+        self.side.requires_grad_(False)
+
+    def forward(self, x):
+        h = super().forward(x)
+        return h + self.reader(self.side(h))
 
 
 class KwargsScaledMatmul(torch.nn.Module):

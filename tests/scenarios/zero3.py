@@ -374,12 +374,14 @@ def train(engine,
           exact=True,
           after_backward=None,
           after_forward=None,
-          counter=True):
+          counter=True,
+          unused_params=()):
     """Trains ZeRO-3 and the reference side by side on identical micro-batches.
 
     Checks after every backward: quiescence (I1), and with ``counter`` a non-negative available-
     parameter counter (I7); after the last micro-batch of each step: the gradients, against the
-    reference's. Returns the losses of both.
+    reference's. ``unused_params`` names trainable parameters the forward does not use: the
+    reference has no gradient for them, ZeRO-3 must have zeros. Returns the losses of both.
     """
     losses, reference_losses = [], []
     for step in range(steps):
@@ -402,7 +404,11 @@ def train(engine,
             losses.append(loss.item())
             reference_losses.append(ref_loss.item())
             if micro == gas - 1:
-                assert_grads_match(engine, reference_grads(reference), exact=exact, when=f"in step {step}")
+                expected = reference_grads(reference)
+                for name in unused_params:
+                    assert name not in expected, f"{name} is used: the reference has a gradient for it"
+                    expected[name] = torch.zeros_like(dict(reference.named_parameters())[name])
+                assert_grads_match(engine, expected, exact=exact, when=f"in step {step}")
             # DeepSpeed steps after every micro-batch and updates only at the accumulation boundary
             engine.step()
         sync_reference(engine, reference)
