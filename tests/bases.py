@@ -112,6 +112,9 @@ V0198 = {
     "test_dropped_side_output_released_by_recompute": 0,
     # v0.19.8's epilogue sweep (release_backward_leftovers) releases what the second pre-backward gathers
     "test_returned_param_with_unused_sibling": 0,
+    # v0.19.8: the shared weight reduced twice in one backward (AssertionError in the reduce bucket;
+    # PR 12), and with PR 12 alone the available-parameter count negative (-72; PR 4)
+    "test_shared_layer_checkpointed_both_ways": 12,
     "test_direct_loss_backward": 0,
     "test_cpu_param_offload[lifecycle]": 0,
     "test_cpu_param_offload[defaults]": 4,  # v0.19.8: available-parameter count -194

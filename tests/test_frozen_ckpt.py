@@ -101,6 +101,17 @@ def test_returned_param_with_unused_sibling(scenario):
     scenario(f"{FROZEN}:returned_param_with_unused_sibling")
 
 
+@pytest.mark.needs_patch(14)
+@pytest.mark.invariants("I1", "I7")
+@pytest.mark.parametrize("early_stop", [False, True], ids=["without-early-stop", "early-stop"])
+def test_shared_layer_checkpointed_both_ways(scenario, early_stop):
+    """A block fed an input that needs no grad runs one shared Linear through its forward function
+    under non-reentrant checkpointing and as a module under reentrant checkpointing: 0007's
+    trigger counts only the accumulators of the block's own graph task, not those of the nested
+    backward; 0014 adds the weight's second reduction in that backward."""
+    scenario(f"{FROZEN}:shared_layer_checkpointed_both_ways", early_stop=early_stop)
+
+
 @pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 def test_frozen_norm_relu_tail(scenario):

@@ -444,6 +444,20 @@ def returned_param_with_unused_sibling():
                             unused_params=("block.shift", ))
 
 
+def shared_layer_checkpointed_both_ways(*, early_stop=False):
+    """A block fed an input that needs no grad applies one shared Linear through its forward
+    function under non-reentrant checkpointing, then as a module under reentrant checkpointing.
+    The reentrant checkpoint's nested backward accumulates the weight's gradient first; the block's
+    post-backward must wait for the outer backward, whose recompute of the forward function reads
+    the weight again. v0.19.2 and the first thirteen patches: the weight is reduced twice in one
+    backward (AssertionError in __reduce_and_partition_ipg_grads), which 0014 adds up; with a
+    trigger that counts the nested backward's accumulation, the recompute reads the weight
+    partitioned (RuntimeError, "mat2 must be a matrix", without the early stop)."""
+    config = lifecycle_config()
+    factory = functools.partial(models.SharedLayerCaller, DIM, early_stop)
+    return _build_and_train(factory, config, inputs=functools.partial(_inputs, requires_grad=False), steps=3)
+
+
 def reentrant_detached_frozen():
     """use_reentrant=True with a frozen norm fed a detached tensor inside the region: nothing of
     the norm is saved for backward, so it must be released, not kept. v0.19.2 works (guard); the

@@ -7,7 +7,7 @@ block and a relu after it), or "reentrant".
 """
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 CHECKPOINTING = ("none", "module", "function", "function-relu", "reentrant")
 
@@ -161,6 +161,36 @@ class ScaledExpertCaller(torch.nn.Module):
     def forward(self, x):
         h, scale = self.block(x)
         return self.head(h * scale).pow(2).mean()
+
+
+class SharedLayerBlock(torch.nn.Module):
+    """Applies one shared trainable Linear twice (a weight-tied recurrence): through its forward
+    function under non-reentrant checkpointing (no hook of the layer runs, its weight becomes an
+    external parameter of this block), then as a module under use_reentrant=True checkpointing,
+    whose backward is nested in the outer one. Without the early stop (``early_stop=False``) the
+    first checkpoint's recompute runs only once that nested backward is over."""
+
+    def __init__(self, dim, early_stop):
+        super().__init__()
+        self.layer = torch.nn.Linear(dim, dim)
+        self.early_stop = early_stop
+
+    def forward(self, x):
+        with set_checkpoint_early_stop(self.early_stop):
+            h = torch.tanh(checkpoint(self.layer.forward, x, use_reentrant=False))
+            return checkpoint(self.layer, h, use_reentrant=True)
+
+
+class SharedLayerCaller(torch.nn.Module):
+    """A SharedLayerBlock before a trainable head; returns the loss."""
+
+    def __init__(self, dim, early_stop):
+        super().__init__()
+        self.block = SharedLayerBlock(dim, early_stop)
+        self.head = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.head(self.block(x)).pow(2).mean()
 
 
 class ReturnedParamCaller(torch.nn.Module):
