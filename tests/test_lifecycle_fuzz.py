@@ -185,6 +185,12 @@ def finding_families(case):
 # attached it passes. The caller's trigger (0007) counted the child's weight accumulated by the
 # reentrant checkpoint's nested backward; it now counts only in its own pre-backward's graph task
 # (test_fuzz_function_and_reentrant_run_twice, once a strict xfail).
+# "trigger-armed-by-recompute", found 9 minutes into the 30-minute search of that fix (05300e7), on
+# series-19 too: a child fed an input that needs no grad, checkpointed at module level without the
+# early stop, whose trigger had fired (or could not fire) before the recompute ran its post-forward
+# again: that armed a new trigger on the recomputed outputs, whose backward torch never runs, and
+# it stayed armed after backward (I1). 0007 drops a trigger armed in a backward that no pre-backward
+# bound by the end of that graph task (test_fuzz_trigger_armed_by_recompute).
 OPEN_FINDINGS = {
     "v0.19.2": (),
     "v0.19.8": (),
@@ -440,6 +446,30 @@ def test_fuzz_function_and_reentrant_run_twice(fuzz_pool):
              model={"params": {"w": "trainable", "s": "trainable"}, "children": [middle],
                     "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}), 14, "error", "I1",
         "I7")
+
+
+@pytest.mark.needs_patch(9)
+@pytest.mark.invariants("I1")
+def test_fuzz_trigger_armed_by_recompute(fuzz_pool):
+    """Once a finding (the 30-minute search of the function-and-reentrant fix, there on series-19
+    too): a root that reads its input detached runs a child under module-level checkpointing
+    without the early stop; the child runs a grandchild, and only the grandchild uses its weight.
+    The child's pre-backward found that its trigger could not fire (its own parameters unused) and
+    ran post-backward at the end of the graph task instead; the recompute, later in that backward,
+    ran the child's post-forward again, which armed a new trigger on outputs whose backward torch
+    never runs: still armed after backward (I1). Before 0009 the recompute partitions the
+    grandchild's weight its own backward is about to use (RuntimeError, size 0); pristine v0.19.2
+    fails the same way."""
+    grandchild = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
+                  "output": "tensor", "z3_leaf": False}
+    child = {"params": {"w": "trainable", "s": "trainable"}, "children": [grandchild],
+             "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
+    run_fixed_case(
+        fuzz_pool,
+        dict(_CASE,
+             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+             model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
+                    "ops": [["child", 0, "module", 1, "none"]], "output": "leaf", "z3_leaf": False}), 9, "error", "I1")
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
