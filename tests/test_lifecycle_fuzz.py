@@ -183,14 +183,17 @@ def finding_families(case):
 # checkpointing, below a root that reads its input detached (so that no input of the tree needs grad),
 # fails in step 1 with its weight partitioned ("size mismatch ... vec (0)"); with the root's input
 # attached it passes. The caller's trigger (0007) counted the child's weight accumulated by the
-# reentrant checkpoint's nested backward; it now counts only in its own pre-backward's graph task
-# (test_fuzz_function_and_reentrant_run_twice, once a strict xfail).
+# reentrant checkpoint's nested backward; it now counts the graph task of its own invocation's
+# pre-backward and only records earlier runs (test_fuzz_function_and_reentrant_run_twice, once a
+# strict xfail; review findings of the same kind: test_trigger_counts_its_own_invocation_backward).
 # "trigger-armed-by-recompute", found 9 minutes into the 30-minute search of that fix (05300e7), on
 # series-19 too: a child fed an input that needs no grad, checkpointed at module level without the
 # early stop, whose trigger had fired (or could not fire) before the recompute ran its post-forward
 # again: that armed a new trigger on the recomputed outputs, whose backward torch never runs, and
-# it stayed armed after backward (I1). 0007 drops a trigger armed in a backward that no pre-backward
-# bound by the end of that graph task (test_fuzz_trigger_armed_by_recompute).
+# it stayed armed after backward (I1). 0007 settles a trigger that a recompute armed at the end of
+# that graph task (test_fuzz_trigger_armed_by_recompute). The same search found an oracle problem:
+# gradients under reentrant checkpointing are sums in another order than the reference's also without
+# gradient accumulation (test_fuzz_reentrant_gradient_summed_in_another_order).
 OPEN_FINDINGS = {
     "v0.19.2": (),
     "v0.19.8": (),
@@ -428,8 +431,8 @@ def test_fuzz_function_and_reentrant_run_twice(fuzz_pool):
     external parameter at post-forward, so its post-backward trigger (0007) hooks the weight's
     accumulator, which first fires in the reentrant checkpoint's nested backward: post-backward
     released the weight there, and the function's recompute, later in the outer backward, read it
-    partitioned (RuntimeError, size mismatch, vec (0)). The trigger now counts only the accumulators
-    of the graph task its module's pre-backward runs in. Every prefix before 0014 fails (the nested
+    partitioned (RuntimeError, size mismatch, vec (0)). The trigger now counts the accumulators of
+    the graph task that runs its invocation's pre-backward. Every prefix before 0014 fails (the nested
     and the outer backward both reduce the child's weight: AssertionError in the reduce bucket, or
     this error); pristine v0.19.2 breaks I7 and I1."""
     leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
@@ -470,6 +473,92 @@ def test_fuzz_trigger_armed_by_recompute(fuzz_pool):
              inputs={"x_grad": True, "aux": "none", "aux_grad": False},
              model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
                     "ops": [["child", 0, "module", 1, "none"]], "output": "leaf", "z3_leaf": False}), 9, "error", "I1")
+
+
+def _vector_module(ops, s="trainable", w="none"):
+    return {"params": {"w": w, "s": s}, "children": [], "ops": ops, "output": "tensor", "z3_leaf": False}
+
+
+def _no_grad_input_case(children, ops):
+    """A root without parameters, fed an input that needs no grad, over ``children``."""
+    return dict(_CASE,
+                inputs={"x_grad": False, "aux": "none", "aux_grad": False},
+                model={"params": {"w": "none", "s": "none"}, "children": children, "ops": ops, "output": "tensor",
+                       "z3_leaf": False})
+
+
+# Review findings on 0007's trigger (a module fed an input that needs no grad, trainable params only):
+# an accumulator of its params that runs in a reentrant checkpoint's nested backward before the
+# module's own pre-backward fired the trigger there; the module's backward, still to come in the
+# outer graph task, then gathered nothing (0018) and read a vector partitioned (size 0).
+TRIGGER_NESTED_FIRST = {
+    # another module, checkpointed with use_reentrant=True, reads the vector as an external parameter
+    "external-reader": _no_grad_input_case(
+        [_vector_module([["linear"], ["scale"]], w="trainable"),
+         _vector_module([["external", 0]], s="none")],
+        [["child", 0, "none", 1, "none"], ["child", 1, "reentrant", 1, "none"]]),
+    # the module itself runs again inside a reentrant checkpoint, armed through its input there
+    "same-module": _no_grad_input_case([_vector_module([["scale"], ["act", "tanh"], ["scale"]])],
+                                       [["child", 0, "none", 1, "none"], ["child", 0, "reentrant", 1, "none"]]),
+}
+
+# Guards of the same trigger: an accumulator that runs in the module's graph task before its
+# pre-backward (another module reads the vector the module does not use), and a module whose output
+# the loss does not use (read detached) while its vector is read externally: no pre-backward will
+# run, and the accumulator that does binds the trigger.
+TRIGGER_EARLY_RUN_GUARDS = {
+    "accumulated-before-pre-backward": _no_grad_input_case([_vector_module([["linear"]], w="trainable")],
+                                                           [["child", 0, "none", 1, "none"], ["external", 0]]),
+    "output-unused": _no_grad_input_case(
+        [_vector_module([["linear"], ["scale"]], w="trainable"),
+         dict(_vector_module([["act", "tanh"]], s="none"), output="leaf")],
+        [["child", 0, "none", 1, "none"], ["child", 1, "none", 1, "none"], ["external", 0]]),
+}
+
+
+@pytest.mark.needs_patch(14)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("shape", sorted(TRIGGER_NESTED_FIRST))
+def test_trigger_counts_its_own_invocation_backward(fuzz_pool, shape):
+    """Once review findings (series-19 and its first fix, both RuntimeError in step 0): the trigger
+    counts the accumulators of the graph task that runs the pre-backward of an invocation it armed,
+    and only records earlier runs elsewhere. Before 0014 the vector is reduced twice in one
+    backward (AssertionError in the reduce bucket); pristine v0.19.2 too."""
+    run_fixed_case(fuzz_pool, TRIGGER_NESTED_FIRST[shape], 14, "error")
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("shape", sorted(TRIGGER_EARLY_RUN_GUARDS))
+def test_trigger_early_runs(fuzz_pool, shape):
+    """Guards of 0007's trigger, which a first version of its graph-task binding broke (the trigger
+    stayed armed, the module gathered): accumulators that run before any pre-backward binds it.
+    Without 0007 the module is never released in backward (I1)."""
+    run_fixed_case(fuzz_pool, TRIGGER_EARLY_RUN_GUARDS[shape], 7, "I1")
+
+
+@pytest.mark.needs_patch(14)
+@pytest.mark.invariants("I1")
+def test_fuzz_reentrant_gradient_summed_in_another_order(fuzz_pool):
+    """Once an oracle finding (the 30-minute search of the trigger-armed-by-recompute fix, on
+    series-19 too; 1.5e-8 apart): a child checkpointed with use_reentrant=True, run twice in each of
+    two forwards, gets its weight's gradient in parts, one per backward phase, which ZeRO-3 adds up
+    as its buckets are reduced; the reference sums them in another order. Gradients under
+    reentrant checkpointing are compared up to the rounding of that order. Before 0014 the parts
+    cannot be added (AssertionError in the reduce bucket)."""
+    trainable = {"w": "trainable", "s": "trainable"}
+    leaf = {"params": trainable, "children": [], "ops": [["linear"]], "output": "tensor", "z3_leaf": False}
+    child = {"params": trainable, "children": [leaf], "ops": [["child", 0, "reentrant", 1, "none"]],
+             "output": "tensor", "z3_leaf": False}
+    run_fixed_case(
+        fuzz_pool,
+        dict(_CASE,
+             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+             forwards=2,
+             zero=dict(_CASE["zero"], bucket="one-param"),
+             model={"params": trainable, "children": [child],
+                    "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]], "output": "tensor",
+                    "z3_leaf": False}), 14, "error")
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)

@@ -332,10 +332,12 @@ def _train(case, *, count_gathers=False):
         if counter < 0:
             raise Violation("I7", f"{when}: available-parameter counter is negative: {counter}")
 
-    # Reentrant checkpointing hands ZeRO-3 a gradient in parts, one per backward phase, which it adds
-    # to the partition as its buckets are reduced: with gradient accumulation the order of that sum
-    # depends on when a bucket is reduced, which no reference order matches in every case.
-    reordered = gas > 1 and "reentrant" in _calls(case)[0]
+    # Reentrant checkpointing hands ZeRO-3 a gradient in parts, one per backward phase (each reentrant
+    # region's nested backward, and the outer one), which it adds to the partition as its buckets are
+    # reduced: with gradient accumulation, or a parameter reached by more than one phase (a module run
+    # twice, two forwards), the order of that sum depends on when a bucket is reduced, which no
+    # reference order matches in every case.
+    reordered = "reentrant" in _calls(case)[0]
     try:
         for step in range(case["steps"]):
             reference.zero_grad()
