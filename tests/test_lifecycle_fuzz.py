@@ -194,6 +194,12 @@ def finding_families(case):
 # that graph task (test_fuzz_trigger_armed_by_recompute). The same search found an oracle problem:
 # gradients under reentrant checkpointing are sums in another order than the reference's also without
 # gradient accumulation (test_fuzz_reentrant_gradient_summed_in_another_order).
+# "no-grad-call-in-recompute", found 4 minutes into the 30-minute search of series-19b (026476556ed3),
+# on series-19, pristine v0.19.2 and pristine v0.19.8 too, not on the follow-up: a module that runs a
+# child plainly and then under torch.no_grad, below a module-level checkpoint without the early stop.
+# The recompute's call with grad kept the child's weight for its backward, the no_grad call after it
+# released the module's claim and partitioned the weight (RuntimeError, size 0). 0019 leaves what the
+# ledger holds for a module to that hold (test_fuzz_no_grad_call_in_recompute).
 OPEN_FINDINGS = {
     "v0.19.2": (),
     "v0.19.8": (),
@@ -559,6 +565,28 @@ def test_fuzz_reentrant_gradient_summed_in_another_order(fuzz_pool):
              model={"params": trainable, "children": [child],
                     "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]], "output": "tensor",
                     "z3_leaf": False}), 14, "error")
+
+
+@pytest.mark.needs_patch(19)
+@pytest.mark.invariants("I1")
+def test_fuzz_no_grad_call_in_recompute(fuzz_pool):
+    """Once a finding (the 30-minute search of series-19b): a module runs its child plainly and then
+    under torch.no_grad, below a module-level checkpoint without the early stop. The child's
+    backward starts the recompute, whose call with grad keeps the child's weight gathered for that
+    backward; the no_grad call released it (RuntimeError, size 0). Every earlier prefix and pristine
+    v0.19.2 fail the same way."""
+    trainable = {"w": "trainable", "s": "trainable"}
+    leaf = {"params": trainable, "children": [], "ops": [["linear"]], "output": "tensor", "z3_leaf": False}
+    caller = {"params": trainable, "children": [leaf], "ops": [["child", 0, "none", 1, "none"], ["nograd", 0]],
+              "output": "tensor", "z3_leaf": False}
+    middle = {"params": trainable, "children": [caller], "ops": [["child", 0, "none", 1, "none"]],
+              "output": "tensor", "z3_leaf": False}
+    run_fixed_case(
+        fuzz_pool,
+        dict(_CASE,
+             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+             model={"params": trainable, "children": [middle], "ops": [["child", 0, "module", 1, "none"]],
+                    "output": "tensor", "z3_leaf": False}), 19, "error")
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
