@@ -296,6 +296,11 @@ _TRAINABLE_LEAF = {"params": {"w": "trainable", "s": "trainable"}, "children": [
                    "output": "tensor", "z3_leaf": False}
 
 
+def _node(ops, children=(), w="trainable", s="trainable", output="tensor"):
+    """A drawn-model node (tests/scenarios/fuzz_lifecycle.py), not a z3 leaf."""
+    return {"params": {"w": w, "s": s}, "children": list(children), "ops": ops, "output": output, "z3_leaf": False}
+
+
 @pytest.mark.needs_patch(10)
 @pytest.mark.invariants("I1", "I2")
 def test_fuzz_z3_leaf_with_no_grad_input(fuzz_pool):
@@ -452,20 +457,11 @@ def test_fuzz_function_and_reentrant_run_twice(fuzz_pool):
     the graph task that runs its invocation's pre-backward. Every prefix before 0014 fails (the nested
     and the outer backward both reduce the child's weight: AssertionError in the reduce bucket, or
     this error); pristine v0.19.2 breaks I7 and I1."""
-    leaf = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]], "output": "tensor",
-            "z3_leaf": False}
-    caller = {"params": {"w": "trainable", "s": "trainable"}, "children": [leaf],
-              "ops": [["child", 0, "function", 1, "none"], ["child", 0, "reentrant", 1, "none"]], "output": "tensor",
-              "z3_leaf": False}
-    middle = {"params": {"w": "trainable", "s": "trainable"}, "children": [caller],
-              "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
-    run_fixed_case(
-        fuzz_pool,
-        dict(_CASE,
-             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-             model={"params": {"w": "trainable", "s": "trainable"}, "children": [middle],
-                    "ops": [["child", 0, "none", 1, "none"]], "output": "leaf", "z3_leaf": False}), 14, "error", "I1",
-        "I7")
+    caller = _node([["child", 0, "function", 1, "none"], ["child", 0, "reentrant", 1, "none"]], [_TRAINABLE_LEAF])
+    middle = _node([["child", 0, "none", 1, "none"]], [caller])
+    model = _node([["child", 0, "none", 1, "none"]], [middle], output="leaf")
+    run_fixed_case(fuzz_pool, dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False}, model=model), 14,
+                   "error", "I1", "I7")
 
 
 @pytest.mark.needs_patch(9)
@@ -480,20 +476,10 @@ def test_fuzz_trigger_armed_by_recompute(fuzz_pool):
     never runs: still armed after backward (I1). Before 0009 the recompute partitions the
     grandchild's weight its own backward is about to use (RuntimeError, size 0); pristine v0.19.2
     fails the same way."""
-    grandchild = {"params": {"w": "trainable", "s": "trainable"}, "children": [], "ops": [["linear"]],
-                  "output": "tensor", "z3_leaf": False}
-    child = {"params": {"w": "trainable", "s": "trainable"}, "children": [grandchild],
-             "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
-    run_fixed_case(
-        fuzz_pool,
-        dict(_CASE,
-             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-             model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
-                    "ops": [["child", 0, "module", 1, "none"]], "output": "leaf", "z3_leaf": False}), 9, "error", "I1")
-
-
-def _vector_module(ops, s="trainable", w="none"):
-    return {"params": {"w": w, "s": s}, "children": [], "ops": ops, "output": "tensor", "z3_leaf": False}
+    child = _node([["child", 0, "none", 1, "none"]], [_TRAINABLE_LEAF])
+    model = _node([["child", 0, "module", 1, "none"]], [child], output="leaf")
+    run_fixed_case(fuzz_pool, dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False}, model=model), 9,
+                   "error", "I1")
 
 
 def _no_grad_input_case(children, ops):
@@ -511,11 +497,11 @@ def _no_grad_input_case(children, ops):
 TRIGGER_NESTED_FIRST = {
     # another module, checkpointed with use_reentrant=True, reads the vector as an external parameter
     "external-reader": _no_grad_input_case(
-        [_vector_module([["linear"], ["scale"]], w="trainable"),
-         _vector_module([["external", 0]], s="none")],
+        [_node([["linear"], ["scale"]]),
+         _node([["external", 0]], w="none", s="none")],
         [["child", 0, "none", 1, "none"], ["child", 1, "reentrant", 1, "none"]]),
     # the module itself runs again inside a reentrant checkpoint, armed through its input there
-    "same-module": _no_grad_input_case([_vector_module([["scale"], ["act", "tanh"], ["scale"]])],
+    "same-module": _no_grad_input_case([_node([["scale"], ["act", "tanh"], ["scale"]], w="none")],
                                        [["child", 0, "none", 1, "none"], ["child", 0, "reentrant", 1, "none"]]),
 }
 
@@ -524,11 +510,11 @@ TRIGGER_NESTED_FIRST = {
 # the loss does not use (read detached) while its vector is read externally: no pre-backward will
 # run, and the accumulator that does binds the trigger.
 TRIGGER_EARLY_RUN_GUARDS = {
-    "accumulated-before-pre-backward": _no_grad_input_case([_vector_module([["linear"]], w="trainable")],
+    "accumulated-before-pre-backward": _no_grad_input_case([_node([["linear"]])],
                                                            [["child", 0, "none", 1, "none"], ["external", 0]]),
     "output-unused": _no_grad_input_case(
-        [_vector_module([["linear"], ["scale"]], w="trainable"),
-         dict(_vector_module([["act", "tanh"]], s="none"), output="leaf")],
+        [_node([["linear"], ["scale"]]),
+         _node([["act", "tanh"]], w="none", s="none", output="leaf")],
         [["child", 0, "none", 1, "none"], ["child", 1, "none", 1, "none"], ["external", 0]]),
 }
 
@@ -563,19 +549,15 @@ def test_fuzz_reentrant_gradient_summed_in_another_order(fuzz_pool):
     as its buckets are reduced; the reference sums them in another order. Gradients under
     reentrant checkpointing are compared up to the rounding of that order. Before 0014 the parts
     cannot be added (AssertionError in the reduce bucket)."""
-    trainable = {"w": "trainable", "s": "trainable"}
-    leaf = {"params": trainable, "children": [], "ops": [["linear"]], "output": "tensor", "z3_leaf": False}
-    child = {"params": trainable, "children": [leaf], "ops": [["child", 0, "reentrant", 1, "none"]],
-             "output": "tensor", "z3_leaf": False}
+    child = _node([["child", 0, "reentrant", 1, "none"]], [_TRAINABLE_LEAF])
+    model = _node([["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]], [child])
     run_fixed_case(
         fuzz_pool,
         dict(_CASE,
              inputs={"x_grad": True, "aux": "none", "aux_grad": False},
              forwards=2,
              zero=dict(_CASE["zero"], bucket="one-param"),
-             model={"params": trainable, "children": [child],
-                    "ops": [["child", 0, "none", 1, "none"], ["child", 0, "none", 1, "none"]], "output": "tensor",
-                    "z3_leaf": False}), 14, "error")
+             model=model), 14, "error")
 
 
 @pytest.mark.needs_patch(19)
@@ -586,31 +568,20 @@ def test_fuzz_no_grad_call_in_recompute(fuzz_pool):
     backward starts the recompute, whose call with grad keeps the child's weight gathered for that
     backward; the no_grad call released it (RuntimeError, size 0). Every earlier prefix and pristine
     v0.19.2 fail the same way."""
-    trainable = {"w": "trainable", "s": "trainable"}
-    leaf = {"params": trainable, "children": [], "ops": [["linear"]], "output": "tensor", "z3_leaf": False}
-    caller = {"params": trainable, "children": [leaf], "ops": [["child", 0, "none", 1, "none"], ["nograd", 0]],
-              "output": "tensor", "z3_leaf": False}
-    middle = {"params": trainable, "children": [caller], "ops": [["child", 0, "none", 1, "none"]],
-              "output": "tensor", "z3_leaf": False}
-    run_fixed_case(
-        fuzz_pool,
-        dict(_CASE,
-             inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-             model={"params": trainable, "children": [middle], "ops": [["child", 0, "module", 1, "none"]],
-                    "output": "tensor", "z3_leaf": False}), 19, "error")
+    caller = _node([["child", 0, "none", 1, "none"], ["nograd", 0]], [_TRAINABLE_LEAF])
+    middle = _node([["child", 0, "none", 1, "none"]], [caller])
+    model = _node([["child", 0, "module", 1, "none"]], [middle])
+    run_fixed_case(fuzz_pool, dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False}, model=model), 19,
+                   "error")
 
 
 @finding("I10", "a child called through its forward function under checkpointing that returns its own frozen "
          "vector all-gathers it twice per step, once without checkpointing. Found by the 30-minute search of "
          "series-19b; on series-19 and the v0.19.8 follow-up too")
 def test_fuzz_frozen_param_returned_through_function(fuzz_pool):
-    child = {"params": {"w": "trainable", "s": "frozen"}, "children": [], "ops": [["linear"]], "output": "param",
-             "z3_leaf": False}
-    run_case(fuzz_pool,
-             dict(_CASE,
-                  inputs={"x_grad": True, "aux": "none", "aux_grad": False},
-                  model={"params": {"w": "trainable", "s": "trainable"}, "children": [child],
-                         "ops": [["child", 0, "function", 1, "none"]], "output": "tensor", "z3_leaf": False}))
+    child = _node([["linear"]], s="frozen", output="param")
+    model = _node([["child", 0, "function", 1, "none"]], [child])
+    run_case(fuzz_pool, dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False}, model=model))
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
