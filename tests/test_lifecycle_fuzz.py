@@ -88,12 +88,6 @@ def finding_families(case):
         # a module run under function-level and under reentrant checkpointing in one forward
         "function-and-reentrant-run-twice": bool(modes & {"function", "function-relu"}) and "reentrant" in modes
         and runs_twice,
-        # a child called through its forward function under checkpointing that returns its own frozen
-        # vector (output "param")
-        "frozen-param-returned-through-function": any(
-            node["children"][op[1] % len(node["children"])]["output"] == "param"
-            and node["children"][op[1] % len(node["children"])]["params"]["s"] == "frozen" for node in tree
-            for op in node["ops"] if op[0] == "child" and op[2] in ("function", "function-relu") and node["children"]),
         # a module whose output the loss does not use (a later module reads it detached: a hook-made leaf
         # output), recomputed by non-reentrant checkpointing while it holds a frozen parameter
         "output-unused-under-recompute": bool(modes & {"module", "function", "function-relu"}) and any(
@@ -157,7 +151,8 @@ def finding_families(case):
 # "unused-frozen-param-function-checkpoint", a frozen vector that its module's forward does not use,
 # in a child called under function-level checkpointing, is all-gathered 32 bytes per step without
 # checkpointing and not at all with it. That one was the oracle's: a forward called as a function
-# gathers only what it reads, so I10 promises at most, not equal, volumes there
+# gathers only what it reads, and the run without checkpointing called the child as a module. It now
+# calls the forward as a function too (fuzz_lifecycle.without_checkpointing), and both gather nothing
 # (test_fuzz_volume_forward_skipping_a_frozen_param).
 # Three z3 leaf families had one cause, a leaf whose full backward hook torch does not call:
 # "z3-leaf-function-checkpoint", "z3-leaf-leaf-output" and "z3-leaf-external-param". 0015 reduces
@@ -208,12 +203,15 @@ def finding_families(case):
 # ledger holds for a module to that hold (test_fuzz_no_grad_call_in_recompute).
 # "frozen-param-returned-through-function", found 25 minutes into the same search, on series-19 and
 # on the follow-up too: a child called through its forward function under non-reentrant
-# checkpointing, checkpoint(kid.forward), that returns its own frozen vector all-gathers 32 frozen
-# bytes per step where the run without checkpointing gathers 16 (I10, "at most" promised). Open on
-# both series (test_fuzz_frozen_param_returned_through_function, a strict xfail).
+# checkpointing, checkpoint(kid.forward), that returns its own frozen vector all-gathered 32 frozen
+# bytes per step where the run without checkpointing gathered 16. The oracle's again: that run called
+# the child as a module, whose post-forward marks a returned parameter external, which
+# release_sub_module never releases, so it stays gathered until the step ends; called as a function
+# nothing marks it, and kid.forward(h) without checkpointing gathers 32 bytes too
+# (test_fuzz_frozen_param_returned_through_function).
 OPEN_FINDINGS = {
-    "v0.19.2": ("frozen-param-returned-through-function", ),
-    "v0.19.8": ("frozen-param-returned-through-function", ),
+    "v0.19.2": (),
+    "v0.19.8": (),
 }
 
 
@@ -575,13 +573,25 @@ def test_fuzz_no_grad_call_in_recompute(fuzz_pool):
                    "error")
 
 
-@finding("I10", "a child called through its forward function under checkpointing that returns its own frozen "
-         "vector all-gathers it twice per step, once without checkpointing. Found by the 30-minute search of "
-         "series-19b; on series-19 and the v0.19.8 follow-up too")
+# the shrunk case of "frozen-param-returned-through-function" (tests/test_v0198.py runs it on v0.19.8)
+FROZEN_PARAM_RETURNED_THROUGH_FUNCTION = dict(
+    _CASE,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    model=_node([["child", 0, "function", 1, "none"]], [_node([["linear"]], s="frozen", output="param")]))
+
+
+@pytest.mark.invariants("I10")
 def test_fuzz_frozen_param_returned_through_function(fuzz_pool):
-    child = _node([["linear"]], s="frozen", output="param")
-    model = _node([["child", 0, "function", 1, "none"]], [child])
-    run_case(fuzz_pool, dict(_CASE, inputs={"x_grad": True, "aux": "none", "aux_grad": False}, model=model))
+    """Once a finding (the 30-minute search of series-19b), of the oracle: a child called under
+    function-level checkpointing, checkpoint(kid.forward), that returns its own frozen vector
+    all-gathered 32 frozen bytes per step, the same case without checkpointing 16, when that case
+    called the child as a module. The module's post-forward marks the returned vector external,
+    and release_sub_module never releases such a parameter: it stays gathered until the step ends.
+    Called as a function, nothing marks it; the caller's post-forward releases it and its
+    pre-backward gathers it again, and kid.forward(h) without checkpointing gathers the same 32
+    bytes. The run without checkpointing now calls the forward as a function; the volumes must be
+    equal. Pristine v0.19.2 breaks I7 first."""
+    run_volume_case(fuzz_pool, FROZEN_PARAM_RETURNED_THROUGH_FUNCTION, pristine_breaks="I7")
 
 
 # the shrunk case of "reentrant-leaf-output" (tests/test_v0198.py runs it on v0.19.8)
@@ -848,9 +858,9 @@ def test_fuzz_no_grad_input_function_run_twice(fuzz_pool):
 
 
 def run_volume_case(pool, case, pristine_breaks):
-    """A volume case that was a finding while the fuzzer asked for equality everywhere: on the series
-    it must keep I10 as the RFC states it (at most the volume without checkpointing; here strictly
-    fewer bytes). Pristine v0.19.2 breaks the invariant ``pristine_breaks`` first."""
+    """A volume case that was a finding of I10: on the series it must keep I10 as the RFC states it
+    (equal to the volume without checkpointing, or at most that where a case runs a module twice
+    or prefetches). Pristine v0.19.2 breaks the invariant ``pristine_breaks`` first."""
     if 0 < applied_patches() < SERIES_LENGTH:
         pytest.skip("checked on pristine v0.19.2 and on the whole series")
     if applied_patches() == 0:
@@ -922,10 +932,11 @@ def test_fuzz_volume_forward_skipping_a_frozen_param(fuzz_pool):
     """Once a finding (the 30-minute search of series-15), of the oracle, not of ZeRO-3: a child
     whose forward does not use its frozen vector, called under function-level checkpointing
     (checkpoint(kid.forward)), all-gathers no frozen bytes per step, the same case without
-    checkpointing 32. Called as a function, the child's own hooks do not run and ZeRO-3 gathers only
-    what its forward reads; called as a module it gathers all of the child's params, in forward and
-    again in backward. I10 promises at most the volume without checkpointing there
-    (fuzz_case.calls_a_forward_that_skips_a_frozen_param)."""
+    checkpointing 32, when that case called the child as a module. Called as a function, the child's
+    own hooks do not run and ZeRO-3 gathers only what its forward reads; called as a module it
+    gathers all of the child's params, in forward and again in backward. The run without
+    checkpointing now calls the forward as a function, kid.forward(h), which gathers nothing
+    either: the volumes must be equal."""
     frozen_vector = {"params": {"w": "trainable", "s": "frozen"}, "children": [_TRAINABLE_LEAF],
                      "ops": [["child", 0, "none", 1, "none"]], "output": "tensor", "z3_leaf": False}
     run_volume_case(fuzz_pool,

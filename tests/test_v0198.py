@@ -8,8 +8,8 @@ import pytest
 
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
-from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, OUTPUT_UNUSED_UNDER_RECOMPUTE,
-                                      REDUCED_TWICE, REDUCED_TWICE_RUNS, REENTRANT_LEAF_OUTPUT,
+from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, FROZEN_PARAM_RETURNED_THROUGH_FUNCTION,
+                                      OUTPUT_UNUSED_UNDER_RECOMPUTE, REDUCED_TWICE, REDUCED_TWICE_RUNS, REENTRANT_LEAF_OUTPUT,
                                       VOLUME_MODULE_RUN_TWICE, Z3_LEAF_DICT_OUTPUT,
                                       Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_HOOK_NOT_CALLED,
                                       Z3_LEAF_KEPT_BY_REUSE, run_case, run_experts_routed_by_rank, run_fixed_case,
@@ -147,3 +147,12 @@ def test_fuzz_volume_module_run_twice(fuzz_pool):
     every invocation its own post-backward (128 and 128). The follow-up without it breaks I10;
     pristine v0.19.8 breaks I8 first."""
     run_fixed_case(fuzz_pool, VOLUME_MODULE_RUN_TWICE, 15, "I10", "I8")
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_frozen_param_returned_through_function(fuzz_pool):
+    """tests/test_lifecycle_fuzz.py has the story of this finding of both series, which was the
+    oracle's: a child called as checkpoint(kid.forward) that returns its own frozen vector gathers
+    the frozen bytes of kid.forward(h) without checkpointing, 32 a step. Pristine v0.19.8 and the
+    follow-up without PR 4 break I7 first (the available-parameter count -20 after the forward)."""
+    run_fixed_case(fuzz_pool, FROZEN_PARAM_RETURNED_THROUGH_FUNCTION, 4, "I7")

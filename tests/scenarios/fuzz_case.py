@@ -61,20 +61,3 @@ def returns_a_parameter_through_a_reentrant_checkpoint(case):
                 if child["output"] == "param" and child["params"]["s"] != "none":
                     return True
     return False
-
-
-def calls_a_forward_that_skips_a_frozen_param(case):
-    """Whether a module's forward is called as a plain function (function-level checkpointing,
-    checkpoint(kid.forward)) while that forward does not use one of the module's frozen params.
-    Called so, the module's own hooks do not run and ZeRO-3 gathers only the params the forward
-    reads; called as a module (the run without checkpointing) it gathers all of them, in forward
-    and again in backward."""
-    for node in nodes(case):
-        for op in node["ops"]:
-            if op[0] != "child" or op[2] != "function" or not node["children"]:
-                continue
-            kid = node["children"][op[1] % len(node["children"])]
-            if ((kid["params"]["w"] == "frozen" and not any(o[0] == "linear" for o in kid["ops"]))
-                    or (kid["params"]["s"] == "frozen" and not any(o[0] == "scale" for o in kid["ops"]))):
-                return True
-    return False

@@ -37,6 +37,8 @@ The case format::
        | ["external", k]                 # h = h * the k-th (mod count) vector of another module,
                                          # registered with deepspeed.zero.register_external_parameter
     CKPT = "none" | "module" | "function" | "function-relu" | "reentrant"   # see models.run_checkpointed
+         | "forward"                     # no checkpointing, the child's forward called as a plain
+                                         # function: "function" without checkpointing (never drawn)
 
 Outputs: "tuple" returns (h, sin h), "dict" {"a": h, "b": cos h}, "param" (h, self.s) (the module's
 own parameter, which ZeRO-3 registers as external to the caller), "leaf" h computed from the
@@ -56,8 +58,7 @@ import deepspeed
 from deepspeed.utils import set_z3_leaf_module
 
 from tests.scenarios import models
-from tests.scenarios.fuzz_case import (calls_a_forward_that_skips_a_frozen_param, may_run_a_module_twice, nodes,
-                                       returns_a_parameter_through_a_reentrant_checkpoint)
+from tests.scenarios.fuzz_case import may_run_a_module_twice, nodes, returns_a_parameter_through_a_reentrant_checkpoint
 from tests.scenarios.zero3 import (assert_forward_stack_clean, assert_grads_match, available_numel_counter, batch,
                                    build, count_all_gathers, lifecycle_config, lifecycle_violations, sync_reference)
 
@@ -163,6 +164,8 @@ class FuzzNode(torch.nn.Module):
 
 
 def _run(kid, ckpt, h, *args, **kwargs):
+    if ckpt == "forward":
+        return kid.forward(h, *args, **kwargs)
     if ckpt == "function-relu":
         # the callable goes on past the module with an op that saves its output, so the recompute
         # runs the module's post-forward (a relu on the module's own output would not accept a tuple)
@@ -240,18 +243,18 @@ def volume_exact(case):
     """Whether I10 promises the very volume of the run without checkpointing, not just at most that.
     With prefetching on, or a module run twice, checkpointing may gather fewer frozen bytes: the hold
     keeps what a recompute gathered until the module's post-backward, where the run without
-    checkpointing can release and gather again (measured: tests/test_lifecycle_fuzz.py, the two
-    test_fuzz_volume_* cases). A forward called as a function that leaves a frozen param of its
-    module unused never gathers that param, where the module call gathers it twice
-    (test_fuzz_volume_forward_skipping_a_frozen_param)."""
-    return (case["zero"]["prefetch"] == "0" and not may_run_a_module_twice(case)
-            and not calls_a_forward_that_skips_a_frozen_param(case))
+    checkpointing can release and gather again (measured: tests/test_lifecycle_fuzz.py,
+    test_fuzz_volume_with_prefetching and test_fuzz_volume_module_run_twice)."""
+    return case["zero"]["prefetch"] == "0" and not may_run_a_module_twice(case)
 
 
 def without_checkpointing(case):
+    """The same calls without checkpointing: checkpoint(kid.forward, h) becomes kid.forward(h), so
+    that the child's module hooks stay out of both runs, and every other mode a module call."""
     case = copy.deepcopy(case)
     for node in nodes(case):
-        node["ops"] = [op[:2] + ["none"] + op[3:] if op[0] == "child" else op for op in node["ops"]]
+        node["ops"] = [op[:2] + ["forward" if op[2] == "function" else "none"] + op[3:] if op[0] == "child" else op
+                       for op in node["ops"]]
     return case
 
 
