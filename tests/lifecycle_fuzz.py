@@ -9,9 +9,10 @@ Two ways to run it:
 - ``python -m tests.lifecycle_fuzz`` (``tox -e fuzz``): searches with random seeds for
   ``--seconds`` (default $ZERO3_FUZZ_SECONDS, else 1800), keeping hypothesis's example database in
   ``.hypothesis/`` (git-ignored), and prints how many cases ran and which invariant each failure
-  broke. ``--keep-going`` records every failing case and goes on instead of shrinking the first one
-  (a census of how often each invariant breaks). Ctrl-C stops it with the same summary and
-  exit status 130.
+  broke. Every third run (``--volume-every``) draws only cases for which invariant I10 promises
+  the frozen all-gather volume, which few cases of the general draw meet. ``--keep-going`` records
+  every failing case and goes on instead of shrinking the first one (a census of how often each
+  invariant breaks). Ctrl-C stops it with the same summary and exit status 130.
 
 Nothing here knows the DeepSpeed release or patch series under test: the search checks the
 invariants of whatever DeepSpeed the rank processes import.
@@ -317,11 +318,16 @@ def main(argv=None):
     parser.add_argument("--skip-known", metavar="MODULE:NAME", default=None,
                         help="a function case -> name of the known finding it matches, or None; matching cases "
                         "are not run (e.g. tests.test_lifecycle_fuzz:known_finding for the v0.19.2 series)")
+    parser.add_argument("--volume-every", type=int, default=3, metavar="N",
+                        help="every Nth run draws only cases for which I10 promises the frozen all-gather volume, "
+                        "which few drawn cases meet otherwise; 0 for none (default: %(default)s)")
     parser.add_argument("--keep-going", action="store_true",
                         help="record every failing case and go on, instead of shrinking each first failure")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.chunk <= 0:
         parser.error("--seconds and --chunk must be positive")
+    if args.volume_every < 0:
+        parser.error("--volume-every must be 0 (no volume runs) or positive")
     database = DirectoryBasedExampleDatabase(args.database) if args.database else None
     skip = None
     if args.skip_known:
@@ -341,11 +347,13 @@ def main(argv=None):
         with RankPool(2, name="fuzz") as pool:
             while time.monotonic() < deadline:
                 seed = rng.getrandbits(64)
-                print(f"== run {run}: seed {seed} ({time.monotonic() - t0:.0f} s in)", flush=True)
+                volume = args.volume_every > 0 and run % args.volume_every == args.volume_every - 1
+                print(f"== run {run}: seed {seed}{', volume cases' if volume else ''} "
+                      f"({time.monotonic() - t0:.0f} s in)", flush=True)
                 try:
                     # only the first run replays the database's failures; later ones look for new ones
                     search(pool, max_examples=args.chunk, seed=seed, database=database, reuse=run == 0,
-                           keep_going=args.keep_going, stats=stats, skip=skip)
+                           keep_going=args.keep_going, stats=stats, skip=skip, volume=volume)
                 except hypothesis.errors.Unsatisfiable:
                     pass  # every case drawn was invalid or skipped
                 except (AssertionError, BaseExceptionGroup) as error:

@@ -1037,20 +1037,23 @@ def test_a_finding_reaches_the_fuzz_log_with_its_shrunk_case():
     assert "fails_from_ten(\n    n=10," in text and "paste-ready regression test: n=10" in text
 
 
+class _NoRanks:
+    """Stands in for the rank pool of `python -m tests.lifecycle_fuzz` where the search is faked."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
     """Ctrl-C during `python -m tests.lifecycle_fuzz` ends the search with the same summary a finished
     one prints (cases run, findings by invariant) and exit status 130, not with a traceback that
     loses what the minutes before found."""
-
-    class NoRanks:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
 
     def interrupted_search(pool, *, stats, **kwargs):
         stats.cases += 3
@@ -1058,7 +1061,7 @@ def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
         stats.examples["I1"] = ("root: still gathered after backward", {"steps": 1})
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lifecycle_fuzz, "RankPool", NoRanks)
+    monkeypatch.setattr(lifecycle_fuzz, "RankPool", _NoRanks)
     monkeypatch.setattr(lifecycle_fuzz, "search", interrupted_search)
     try:
         status = lifecycle_fuzz.main(["--seconds", "60", "--database", "", "--seed", "1"])
@@ -1068,6 +1071,27 @@ def test_an_interrupted_search_still_prints_its_counts(monkeypatch, capsys):
     assert status == 130
     assert "interrupted" in out and "3 cases ran" in out
     assert "first case that broke I1 (unshrunk): root: still gathered after backward" in out
+
+
+@pytest.mark.parametrize("every, expected", [(None, [False, False, True] * 2), ("2", [False, True] * 3),
+                                             ("0", [False] * 6)])
+def test_long_search_draws_volume_cases_in_every_nth_run(monkeypatch, capsys, every, expected):
+    """The general draw meets I10's conditions in few cases (3 of the first 180 of a 30-minute
+    search of series-20), so `python -m tests.lifecycle_fuzz` draws only such cases in every
+    --volume-every-th run (default 3; 0: never)."""
+    drawn = []
+
+    def six_runs(pool, *, stats, volume, **kwargs):
+        drawn.append(volume)
+        if len(drawn) == 6:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle_fuzz, "RankPool", _NoRanks)
+    monkeypatch.setattr(lifecycle_fuzz, "search", six_runs)
+    argv = ["--seconds", "60", "--database", "", "--seed", "1"] + (["--volume-every", every] if every else [])
+    assert lifecycle_fuzz.main(argv) == 130
+    assert drawn == expected
+    assert capsys.readouterr().out.count(", volume cases") == expected.count(True)
 
 
 @pytest.mark.needs_patch(0)
