@@ -927,6 +927,29 @@ def test_fuzz_volume_module_run_twice_plain_then_checkpointed(fuzz_pool):
     run_volume_case(fuzz_pool, VOLUME_MODULE_RUN_TWICE, pristine_breaks="I1")
 
 
+# the shrunk case of "prefetch-skipped-recompute-param" (tests/test_v0198.py runs it on v0.19.8): a
+# child with a frozen vector and two outputs, called twice under module-level checkpointing, with
+# prefetching on
+PREFETCH_SKIPPED_RECOMPUTE_PARAM = dict(
+    _CASE,
+    inputs={"x_grad": True, "aux": "none", "aux_grad": False},
+    zero={"gas": 1, "prefetch": "default", "reuse": "0", "persistence": "0"},
+    model=_node([["child", 0, "module", 1, "none"], ["child", 0, "module", 1, "none"]],
+                [_node([["linear"]], s="frozen", output="tuple")]))
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_volume_prefetch_skipped_recompute_param(fuzz_pool):
+    """Found on the v0.19.8 follow-up (the 30-minute fuzz-v0198 search of follow-up-15, twice, in
+    volume runs): with prefetching on, a child with a frozen vector and two outputs, called twice
+    under module-level checkpointing, all-gathered 32 frozen bytes per step there, 16 without
+    checkpointing. The second call's post-backward released the vector its recompute gathered,
+    which the prefetcher had skipped for the first call's backward (PR 16 keeps it, as v0.19.8
+    keeps the module's own such params). The v0.19.2 series gathers 16 and 16: a guard for it.
+    Pristine v0.19.2 raises first (RuntimeError, size 0: the trainable weight, which 0009 keeps)."""
+    run_volume_case(fuzz_pool, PREFETCH_SKIPPED_RECOMPUTE_PARAM, pristine_breaks="error")
+
+
 @pytest.mark.invariants("I10")
 def test_fuzz_volume_forward_skipping_a_frozen_param(fuzz_pool):
     """Once a finding (the 30-minute search of series-15), of the oracle, not of ZeRO-3: a child

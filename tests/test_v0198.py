@@ -9,9 +9,9 @@ import pytest
 from tests.bases import installed_base
 from tests.test_frozen_ckpt import scenario_runner
 from tests.test_lifecycle_fuzz import (CHECKPOINTED_PARAM_OUTPUT_RUN_TWICE, FROZEN_PARAM_RETURNED_THROUGH_FUNCTION,
-                                      OUTPUT_UNUSED_UNDER_RECOMPUTE, REDUCED_TWICE, REDUCED_TWICE_RUNS, REENTRANT_LEAF_OUTPUT,
-                                      VOLUME_MODULE_RUN_TWICE, Z3_LEAF_DICT_OUTPUT,
-                                      Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_HOOK_NOT_CALLED,
+                                      OUTPUT_UNUSED_UNDER_RECOMPUTE, PREFETCH_SKIPPED_RECOMPUTE_PARAM, REDUCED_TWICE,
+                                      REDUCED_TWICE_RUNS, REENTRANT_LEAF_OUTPUT, VOLUME_MODULE_RUN_TWICE,
+                                      Z3_LEAF_DICT_OUTPUT, Z3_LEAF_DICT_OUTPUT_PARAMS_UNUSED, Z3_LEAF_HOOK_NOT_CALLED,
                                       Z3_LEAF_KEPT_BY_REUSE, run_case, run_experts_routed_by_rank, run_fixed_case,
                                       with_bucket)
 
@@ -156,3 +156,15 @@ def test_fuzz_frozen_param_returned_through_function(fuzz_pool):
     the frozen bytes of kid.forward(h) without checkpointing, 32 a step. Pristine v0.19.8 and the
     follow-up without PR 4 break I7 first (the available-parameter count -20 after the forward)."""
     run_fixed_case(fuzz_pool, FROZEN_PARAM_RETURNED_THROUGH_FUNCTION, 4, "I7")
+
+
+@pytest.mark.invariants("I10")
+def test_fuzz_volume_prefetch_skipped_recompute_param(fuzz_pool):
+    """Once a lifecycle fuzz finding of the follow-up (tests/test_lifecycle_fuzz.py has the story):
+    with prefetching on, a child with a frozen vector and two outputs, called twice under
+    module-level checkpointing, all-gathered 32 frozen bytes per step, 16 without checkpointing: the
+    second call's post-backward released what its recompute gathered although the prefetcher had
+    skipped it for the first call's backward. The follow-up without PR 16 breaks I10, pristine
+    v0.19.8 raises first (RuntimeError, size 0: the trainable weight, which PR 8 keeps); PR 16 keeps
+    such a param gathered."""
+    run_fixed_case(fuzz_pool, PREFETCH_SKIPPED_RECOMPUTE_PARAM, 16, "I10", "error")
