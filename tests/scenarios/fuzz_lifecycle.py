@@ -250,7 +250,8 @@ def volume_exact(case):
 
 def without_checkpointing(case):
     """The same calls without checkpointing: checkpoint(kid.forward, h) becomes kid.forward(h), so
-    that the child's module hooks stay out of both runs, and every other mode a module call."""
+    that the child's module hooks stay out of both runs, and every other mode a module call (the
+    relu of "function-relu" is left out: it has no parameters and runs no hooks)."""
     case = copy.deepcopy(case)
     for node in nodes(case):
         node["ops"] = [op[:2] + ["forward" if op[2] == "function" else "none"] + op[3:] if op[0] == "child" else op
