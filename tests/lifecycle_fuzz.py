@@ -193,7 +193,7 @@ def paste_ready(case, tag, summary):
     """A test that re-runs ``case``, for tests/test_lifecycle_fuzz.py."""
     literal = pprint.pformat(case, width=100, sort_dicts=False)
     body = "\n".join("        " + line for line in literal.splitlines())
-    return (f"@pytest.mark.xfail(strict=True, raises=violation(\"{tag}\"), reason=\"...\")  # until fixed\n"
+    return (f"@finding(\"{tag}\", \"...\")  # a strict xfail on the whole series until fixed\n"
             f"def test_fuzz_case_{tag.lower()}_CHANGEME(fuzz_pool):\n"
             f"    \"\"\"{summary[:200]}\"\"\"\n"
             f"    run_case(fuzz_pool,\n{body})\n")

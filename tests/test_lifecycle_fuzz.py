@@ -271,9 +271,11 @@ def test_drawn_models_keep_the_frozen_gather_volume(fuzz_pool, request, capsys):
 
 
 # ----- findings of the fuzzer on the v0.19.2 series, shrunk by hypothesis ---------------------------
-# Strict: once fixed, the xfail turns into a failure, and the case becomes a needs_patch(k) regression
-# test (or a needs_patch(0) guard where v0.19.2 passes too). They are findings on the whole series: a
-# tree with fewer patches skips them (all fail on pristine v0.19.2 too, some with another invariant first).
+# An open finding is its paste-ready test (lifecycle_fuzz.paste_ready) under @finding, a strict xfail;
+# none is open now. Once fixed, the xfail turns into a failure, and the case becomes a needs_patch(k)
+# regression test (or a needs_patch(0) guard where v0.19.2 passes too). Findings are on the whole
+# series: a tree with fewer patches skips them (all fail on pristine v0.19.2 too, some with another
+# invariant first).
 
 
 def finding(tag, reason):
