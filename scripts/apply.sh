@@ -529,11 +529,21 @@ EOF
 
 ensure_identity() {
     local repo=$1
+    # An identity given in the environment (scripts/prepare-submission.sh) commits; config is not needed.
+    [[ -z ${GIT_COMMITTER_NAME:-} || -z ${GIT_COMMITTER_EMAIL:-} ]] || return 0
     if ! git -C "$repo" config --get user.name >/dev/null || ! git -C "$repo" config --get user.email >/dev/null; then
         git -C "$repo" config user.name "$FALLBACK_NAME"
         git -C "$repo" config user.email "$FALLBACK_EMAIL"
         info "no git identity configured: set $FALLBACK_NAME <$FALLBACK_EMAIL> in $repo"
     fi
+}
+
+# with_author REPO PATCH: print PATCH with an author for `git am`: the identity that commits in
+# REPO, when the patch names none (scripts/patch-author.awk says why).
+with_author() {
+    local repo=$1 patch=$2 ident
+    ident=$(git -C "$repo" var GIT_COMMITTER_IDENT) || die "$E_INTERNAL" "no git identity to author $patch with"
+    awk -v from="From: ${ident% * *}" -f "$SCRIPT_DIR/patch-author.awk" "$patch"
 }
 
 # apply_series REPO [GIT_OPTION...]: git am every patch of SERIES in REPO, or exit E_PATCH.
@@ -544,8 +554,8 @@ apply_series() {
         p=${SERIES[i]}
         # Options are spelled out so that am.* / apply.* settings in the user's config cannot
         # change what gets committed (3-way merges, whitespace fixing, CR handling).
-        if ! out=$(git -C "$repo" "$@" am --no-3way --no-scissors --no-keep-cr --no-message-id \
-            --whitespace=warn --committer-date-is-author-date -- "$PATCH_DIR/$p" 2>&1); then
+        if ! out=$(with_author "$repo" "$PATCH_DIR/$p" | git -C "$repo" "$@" am --no-3way --no-scissors \
+            --no-keep-cr --no-message-id --whitespace=warn --committer-date-is-author-date 2>&1); then
             git -C "$repo" am --abort >/dev/null 2>&1 || true
             # git am's advice (--continue, --skip, --abort, --show-current-patch) is about an am that
             # was aborted just now, and its "Patch failed at 0001" counts within this one-patch am.

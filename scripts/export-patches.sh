@@ -18,8 +18,10 @@ Stale NNNN-*.patch files and the old `series` in the output directory are remove
 else there is touched.
 
 The output is stable: unchanged commits give byte-identical files (zero commit ids in the
-"From" lines, full blob ids, no signature, the cover letter dated and signed like the last
-commit). The cover letter records "base-commit: <upstream commit>", the upstream id of the
+"From" lines, full blob ids, no signature, the cover letter dated like the last commit). It names
+no person: the "From:" author header and Signed-off-by trailers are left out (apply.sh makes
+whoever applies a patch its author; scripts/prepare-submission.sh adds the submitter's identity
+and sign-off). The cover letter records "base-commit: <upstream commit>", the upstream id of the
 pinned release, also when the checkout was built from the sdist (whose local base differs).
 
 Options:
@@ -117,8 +119,8 @@ git -C "$TREE" diff --quiet HEAD -- 2>/dev/null ||
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/zero3-export.XXXXXX")
 trap 'rm -rf -- "$TMP"' EXIT
 
-# The cover letter's From and Date come from the committer identity and date git sees; taking
-# them from the last commit's author makes the cover letter a function of the commits alone.
+# The cover letter's Date comes from the committer date git sees (its From is dropped below);
+# taking it from the last commit's author makes the cover letter a function of the commits alone.
 last=$(git -C "$TREE" rev-parse "refs/heads/$BRANCH")
 IFS=$'\n' read -r -d '' an ae ad < <(git -C "$TREE" log -1 --format='%an%n%ae%n%ad%x00' --date=raw "$last") || true
 
@@ -135,6 +137,24 @@ GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 \
     --no-add-header --no-notes --suffix=.patch --base="$BASE" \
     "$BASE..refs/heads/$BRANCH"
 
+# The committed patches name no person: the author header and every Signed-off-by trailer are
+# dropped here. Whoever applies a patch becomes its author (apply.sh), and the submitter's own
+# identity and DCO sign-off are added when a batch is prepared (prepare-submission.sh). Only
+# header lines (before the first blank line) and message lines (before the "---" that opens
+# the diffstat) are looked at, so no line of a diff is ever dropped.
+for f in "$TMP"/out/*.patch; do
+    awk '
+        part == 0 && /^$/ { part = 1 }
+        part == 1 && /^---$/ { part = 2 }
+        part == 0 && /^From: / { skipping = 1; next }
+        part == 0 && skipping && /^[ \t]/ { next }
+        { skipping = 0 }
+        part == 1 && /^Signed-off-by: / { next }
+        { print }
+    ' "$f" >"$f.anon"
+    mv -- "$f.anon" "$f"
+done
+
 cover=$TMP/out/0000-cover-letter.patch
 [[ -f $cover ]] || die 1 "git format-patch wrote no cover letter"
 # Subject: the first line of the text file; body: everything after the first blank line.
@@ -146,6 +166,8 @@ awk -v subj="$TMP/subject" -v blurb="$TMP/blurb" -v local_base="$BASE" -v upstre
     /^Subject: .*\*\*\* SUBJECT HERE \*\*\*$/ { sub(/\*\*\* SUBJECT HERE \*\*\*$/, ""); print $0 s; next }
     $0 == "*** BLURB HERE ***" { while ((getline l < blurb) > 0) print l; next }
     $0 == "base-commit: " local_base { print "base-commit: " upstream; next }
+    # the shortlog is headed by the author of the commits; it names the patches instead
+    !shortlog && /^[^ ].* \([0-9]+\):$/ { sub(/^.* \(/, "Patches ("); shortlog = 1 }
     { print }
 ' "$cover" >"$TMP/cover.new"
 mv -- "$TMP/cover.new" "$cover"

@@ -17,7 +17,8 @@ pinned tools and settings:
   yapf 0.40.0 (COLUMN_LIMIT 119), flake8 5.0.4 (upstream selection), codespell 2.1.0,
   check-license, check-torchdist, check-torchcuda, and the pre-commit-hooks file checks
   (trailing whitespace, final newline, LF line endings, no BOM, no coding pragma, valid YAML/JSON).
-Each commit must carry a Signed-off-by trailer and a subject of at most 72 characters.
+Each commit must have a subject of at most 72 characters and no Signed-off-by trailer: the
+committed patches name no person; scripts/prepare-submission.sh adds the submitter's sign-off.
 yapf, flake8 and codespell must be on PATH (tox -e lint installs the pinned versions).
 Exit status: 0 clean, 1 findings, 2 usage or setup problem.
 EOF
@@ -92,11 +93,11 @@ cd -- "$TMP/src"
 printf 'Linting %d file(s) touched by %s..%s in %s\n' "${#FILES[@]}" "$BASE" "$BRANCH" "$TREE"
 printf '  %s\n' "${FILES[@]}"
 
-section "commits: Signed-off-by, subject length"
+section "commits: no Signed-off-by, subject length"
 while IFS= read -r c; do
     subject=$(git -C "$TREE" log -1 --format=%s "$c")
-    if ! git -C "$TREE" log -1 --format=%B "$c" | grep -q '^Signed-off-by: .\+ <.\+>$'; then
-        fail "commit ${c:0:12} \"$subject\" has no Signed-off-by trailer (git commit -s)"
+    if git -C "$TREE" log -1 --format=%B "$c" | grep -q '^Signed-off-by:'; then
+        fail "commit ${c:0:12} \"$subject\" has a Signed-off-by trailer: only the submitter signs off, when a batch is prepared (scripts/prepare-submission.sh)"
     fi
     if ((${#subject} > 72)); then
         fail "commit ${c:0:12} subject is ${#subject} characters (at most 72): $subject"

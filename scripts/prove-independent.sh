@@ -58,8 +58,11 @@ for patch in "${patches[@]}"; do
         to_apply+=("$(ls "$SERIES_DIR/$needs"-*.patch)")
     fi
     to_apply+=("$SERIES_DIR/$patch")
-    if ! git -C "$tree" -c user.name=prove -c user.email=prove@localhost am --quiet "${to_apply[@]/#/$PWD/}" \
-        >"$tree.am.log" 2>&1; then
+    # the patches name no author: the proof's trees commit them as "prove" (scripts/patch-author.awk)
+    if ! (for p in "${to_apply[@]}"; do
+        awk -v from="From: prove <prove@localhost>" -f scripts/patch-author.awk "$p" |
+            git -C "$tree" -c user.name=prove -c user.email=prove@localhost am --quiet || exit 1
+    done) >"$tree.am.log" 2>&1; then
         echo "$PROG: $patch does NOT apply alone on $VERSION${needs:+ (with $needs)}:" >&2
         cat "$tree.am.log" >&2
         status=1

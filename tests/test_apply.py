@@ -784,3 +784,101 @@ def _in_order(fragments, line):
             return False
         pos += len(fragment)
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: the committed patches name no person; the submitter's identity is added on submission
+
+PREPARE = REPO / "scripts" / "prepare-submission.sh"
+
+
+def _header(patch_text):
+    return patch_text.split("\n\n", 1)[0]
+
+
+def test_committed_patches_name_no_person():
+    for series in sorted((REPO / "patches").glob("*/series")):
+        for patch in [series.parent / "0000-cover-letter.patch"] + [series.parent / n for n in series_of(series.parent)]:
+            text = patch.read_text()
+            assert "\nFrom: " not in _header(text), f"{patch} names an author"
+            message = text.split("\n---\n", 1)[0]
+            assert "Signed-off-by:" not in message, f"{patch} carries a sign-off"
+
+
+def test_export_drops_the_author_and_sign_off(synthetic_series):
+    # the synthetic commits were made with `git commit -s` by "Synthetic Author"
+    for name in ["0000-cover-letter.patch"] + series_of(synthetic_series):
+        text = (synthetic_series / name).read_text()
+        assert "Synthetic Author" not in text and "synthetic@example.invalid" not in text, name
+    assert "\nPatches (3):\n" in (synthetic_series / "0000-cover-letter.patch").read_text()
+
+
+def test_applied_patches_are_authored_by_whoever_applies_them(tmp_path, sdist, synthetic_series):
+    dest = tmp_path / "ds"
+    env = clean_env(GIT_COMMITTER_NAME="Applier", GIT_COMMITTER_EMAIL="applier@example.invalid")
+    ok(apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", synthetic_series, env=env))
+    authors = git(dest, "log", "--format=%an <%ae>", f"{base_of(dest)}..HEAD").splitlines()
+    assert authors == ["Applier <applier@example.invalid>"] * 3
+
+
+def _submission_repo(tmp_path, synthetic_series):
+    """A copy of this repository's scripts with the synthetic series as v0.19.2, split in two batches."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "scripts", repo / "scripts")
+    shutil.copytree(synthetic_series, repo / "patches" / VERSION)
+    names = series_of(synthetic_series)
+    (repo / "patches" / VERSION / "batches").write_text(
+        f"# test batches\nfirst  {names[0][:4]}\nrest   {names[1][:4]} {names[2][:4]}\n")
+    (repo / "patches" / VERSION / "batch-rest.txt").write_text("Coordinator changes\n\nTwo small changes.\n")
+    run(["git", "init", "-q", repo], check=True)
+    return repo
+
+
+def _submitter_env(tmp_path, sdist, identity):
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / ".gitconfig").write_text("".join(f"[user]\n\t{k} = {v}\n" for k, v in identity.items()))
+    return clean_env(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", DEEPSPEED_SDIST=str(sdist))
+
+
+@pytest.mark.parametrize("identity", [{}, {"name": "Ada Submitter"}, {"email": "ada@example.org"}])
+def test_submission_without_an_identity_is_refused(tmp_path, sdist, synthetic_series, identity):
+    repo = _submission_repo(tmp_path, synthetic_series)
+    out = tmp_path / "out"
+    proc = run(["bash", repo / "scripts" / "prepare-submission.sh", VERSION, "rest", "--out", out],
+               env=_submitter_env(tmp_path, sdist, identity))
+    refused(proc, 3, "no git identity", "git config --global user.name")
+    assert not out.exists()
+
+
+def test_submission_is_authored_and_signed_off_by_the_submitter(tmp_path, sdist, synthetic_series):
+    repo = _submission_repo(tmp_path, synthetic_series)
+    out = tmp_path / "out"
+    env = _submitter_env(tmp_path, sdist, {"name": "Ada Submitter", "email": "ada@example.org"})
+    proc = ok(run(["bash", repo / "scripts" / "prepare-submission.sh", VERSION, "rest", "--out", out], env=env))
+    assert "authored and signed off by Ada Submitter <ada@example.org>" in proc.stdout
+    patches = sorted(out.glob("0*.patch"))
+    assert [p.name[:4] for p in patches] == ["0000", "0001", "0002"]
+    assert "Subject: [PATCH 0/2] Coordinator changes" in patches[0].read_text()
+    for patch in patches[1:]:
+        text = patch.read_text()
+        assert "\nFrom: Ada Submitter <ada@example.org>\n" in _header(text)
+        assert text.split("\n---\n", 1)[0].rstrip().endswith("Signed-off-by: Ada Submitter <ada@example.org>")
+    # the two patches are the synthetic ones, unchanged
+    assert [patch_subject(p) for p in patches[1:]] == [patch_subject(synthetic_series / n)
+                                                       for n in series_of(synthetic_series)[1:]]
+
+
+def test_submission_of_an_unknown_batch_is_refused(tmp_path, sdist, synthetic_series):
+    repo = _submission_repo(tmp_path, synthetic_series)
+    env = _submitter_env(tmp_path, sdist, {"name": "Ada Submitter", "email": "ada@example.org"})
+    proc = run(["bash", repo / "scripts" / "prepare-submission.sh", VERSION, "nope"], env=env)
+    refused(proc, 4, "no batch 'nope'", "batches: first rest all")
+
+
+def test_every_batch_names_patches_of_its_series_once():
+    for batches in sorted((REPO / "patches").glob("*/batches")):
+        names = series_of(batches.parent)
+        listed = [n for line in batches.read_text().splitlines() if line.strip() and not line.startswith("#")
+                  for n in line.split()[1:]]
+        assert sorted(listed) == sorted(n[:4] for n in names), f"{batches}: every patch in exactly one batch"
