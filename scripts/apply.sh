@@ -174,15 +174,17 @@ git check-ref-format --branch "$BRANCH" >/dev/null 2>&1 || die "$E_USAGE" "inval
 
 PINNED_FILE=${ZERO3_PINNED_BASES:-$SCRIPT_DIR/pinned-bases.tsv}
 [[ -f $PINNED_FILE && -r $PINNED_FILE ]] || die "$E_VERSION" "pinned-bases file not found: $PINNED_FILE"
-PIN_COMMIT='' PIN_SDIST='' PIN_SHA='' KNOWN='' FOUND=0
-while IFS=$'\t' read -r v c s h _ || [[ -n ${v:-} ]]; do
+PIN_COMMIT='' PIN_SDIST='' PIN_SHA='' PIN_TESTS='' PIN_TESTS_SHA='' KNOWN='' FOUND=0
+while IFS=$'\t' read -r v c s h t th _ || [[ -n ${v:-} ]]; do
     [[ -z $v || $v == \#* ]] && continue
     KNOWN+=" ${v%%[[:space:]]*}"
     [[ ${v%%[[:space:]]*} == "$VERSION" ]] || continue
     [[ $v == "$VERSION" && ($c =~ ^[0-9a-f]{40}$ || $c == -) && $h =~ ^[0-9a-f]{64}$ &&
         $s =~ ^[A-Za-z0-9._+-]+\.tar\.gz$ ]] ||
         die "$E_VERSION" "malformed line for $VERSION in $PINNED_FILE (want: tag, 40-hex commit or -, sdist name, 64-hex sha256, separated by one TAB each)"
-    PIN_COMMIT=$c PIN_SDIST=$s PIN_SHA=$h FOUND=1
+    [[ -z ${t:-} || ($t =~ ^[A-Za-z0-9._+-]+\.tgz$ && ${th:-} =~ ^[0-9a-f]{64}$) ]] ||
+        die "$E_VERSION" "malformed upstream-tests fields for $VERSION in $PINNED_FILE (want: snapshot .tgz name, 64-hex sha256)"
+    PIN_COMMIT=$c PIN_SDIST=$s PIN_SHA=$h PIN_TESTS=${t:-} PIN_TESTS_SHA=${th:-} FOUND=1
 done <"$PINNED_FILE"
 ((FOUND)) || die "$E_VERSION" "unknown version '$VERSION': not in $PINNED_FILE (known:${KNOWN:- none})"
 # '-': the release is pinned by its sdist alone (no upstream commit could be verified when it was
@@ -519,9 +521,51 @@ EOF
         # A name for the base, handy for `git rebase -i` and `git log` in this checkout.
         git tag "zero3-base/$VERSION" "$commit"
     )
-    BASE=$(git -C "$repo" rev-parse HEAD)
     SOURCE_DESC="sdist $PIN_SDIST (sha256 verified)"
-    info "sha256 $PIN_SHA verified; imported as commit $BASE"
+    info "sha256 $PIN_SHA verified; imported as commit $(git -C "$repo" rev-parse HEAD)"
+    [[ -z $PIN_TESTS ]] || import_upstream_tests "$repo"
+    BASE=$(git -C "$repo" rev-parse HEAD)
+}
+
+# The sdist has no tests/, and a series whose tests extend upstream's own test files needs them:
+# a pinned snapshot of upstream's tests/ (pinned-bases.tsv, fields 5 and 6) is committed on top of
+# the sdist import, with the same fixed identity, so the base stays the same on every machine.
+import_upstream_tests() {
+    local repo=$1 found cand snapshot=''
+    for cand in "${ZERO3_UPSTREAM_TESTS:-}" "$REPO_ROOT/../shared/upstream-tests"; do
+        [[ -n $cand ]] || continue
+        [[ -d $cand ]] && cand=$cand/$PIN_TESTS
+        if [[ -f $cand && ${cand##*/} == "$PIN_TESTS" ]]; then
+            snapshot=$cand
+            break
+        fi
+    done
+    [[ -n $snapshot ]] || die "$E_NOBASE" "the $VERSION series changes upstream's own tests/, which the PyPI sdist lacks: set ZERO3_UPSTREAM_TESTS to $PIN_TESTS (sha256 $PIN_TESTS_SHA) or the directory holding it (looked in ${ZERO3_UPSTREAM_TESTS:+$ZERO3_UPSTREAM_TESTS and }$REPO_ROOT/../shared/upstream-tests)"
+    found=$(sha256_of "$snapshot")
+    [[ $found == "$PIN_TESTS_SHA" ]] || die "$E_VERIFY" "base verification failed: sha256 of $snapshot is $found, expected $PIN_TESTS_SHA"
+    [[ -z $(tar -tzf "$snapshot" | grep -v '^tests/' | head -n 1) ]] ||
+        die "$E_VERIFY" "base verification failed: $snapshot has entries outside tests/"
+    tar -xzf "$snapshot" --no-same-owner -C "$repo"
+    # shellcheck disable=SC2030  # the fixed identity is meant for this subshell only
+    (
+        export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+        export GIT_AUTHOR_NAME=$IMPORT_NAME GIT_AUTHOR_EMAIL=$IMPORT_EMAIL GIT_AUTHOR_DATE=$IMPORT_DATE
+        export GIT_COMMITTER_NAME=$IMPORT_NAME GIT_COMMITTER_EMAIL=$IMPORT_EMAIL GIT_COMMITTER_DATE=$IMPORT_DATE
+        cd -- "$repo"
+        git -c core.autocrlf=false -c core.safecrlf=false -c core.fileMode=true add -A -f tests
+        git commit -q --no-verify -F - <<EOF2
+Add upstream's tests/ from the snapshot $PIN_TESTS
+
+The sdist has no tests/; the series extends upstream's own test files.
+This commit adds upstream's tests/ directory as the snapshot holds it.
+
+Tests-snapshot: $PIN_TESTS
+Tests-snapshot-sha256: $PIN_TESTS_SHA
+EOF2
+        git tag -f "zero3-base/$VERSION" HEAD >/dev/null
+    )
+    SOURCE_DESC+=", upstream tests/ from $PIN_TESTS (sha256 verified)"
+    info "sha256 $PIN_TESTS_SHA verified; upstream's tests/ added as commit $(git -C "$repo" rev-parse HEAD)"
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -143,14 +143,17 @@ GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 \
 # header lines (before the first blank line) and message lines (before the "---" that opens
 # the diffstat) are looked at, so no line of a diff is ever dropped.
 for f in "$TMP"/out/*.patch; do
+    # Blank message lines are held back until a line that stays follows, so the blank line
+    # that separated the dropped trailers from the body goes with them.
     awk '
-        part == 0 && /^$/ { part = 1 }
-        part == 1 && /^---$/ { part = 2 }
+        part == 0 && /^$/ { part = 1; print; next }
+        part == 1 && /^---$/ { part = 2; blanks = 0 }
         part == 0 && /^From: / { skipping = 1; next }
         part == 0 && skipping && /^[ \t]/ { next }
         { skipping = 0 }
         part == 1 && /^Signed-off-by: / { next }
-        { print }
+        part == 1 && /^$/ { blanks++; next }
+        { for (; blanks > 0; blanks--) print ""; print }
     ' "$f" >"$f.anon"
     mv -- "$f.anon" "$f"
 done

@@ -5,7 +5,10 @@
 <deepspeed-tree> is an sdist-based tree (deepspeed/ plus the test files the patch series adds under
 tests/unit/). As upstream's tests/conftest.py does, the tree goes first on sys.path, so the ranks run the
 tree's deepspeed package, not an installed one. Test paths may be given relative to the tree or to the
-current directory (the tree wins); without any, tests/unit/v1/zero/ runs. ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
+current directory (the tree wins); without any, tests/unit/v1/zero/ runs. A tree that has upstream's own
+tests/unit/common.py (a v0.19.8 tree from apply.sh, a git checkout, a fork) keeps upstream's `unit` package
+instead of the stand-in (its DistributedTest classes run the same way), and without test paths the test
+files its series adds run (tests/upstream_suite.py runs upstream's suite with upstream's own harness). ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
 The exit status is pytest's.
 """
 
@@ -41,13 +44,15 @@ def main(argv=None):
         print(__doc__.strip())
         return 0 if argv else 2
     tree = Path(argv[0]).resolve()
-    if (tree / "tests" / "unit" / "common.py").exists():
-        print(f"{tree} has upstream's own tests/unit/common.py: run its harness instead "
-              f"(cd {tree / 'tests'} && pytest unit/v1/zero/...)", file=sys.stderr)
-        return 2
+    # A tree with upstream's own tests/ (a v0.19.8 tree from apply.sh, a clone, a fork) has upstream's `unit`
+    # package, whose DistributedTest classes the plugin runs the same way; the stand-in is for trees without it.
+    upstream_unit = (tree / "tests" / "unit" / "common.py").exists()
     if not (tree / "deepspeed").is_dir():
         print(f"warning: {tree} has no deepspeed/ package; the installed deepspeed will be tested", file=sys.stderr)
     paths, others = _split(tree, argv[1:])
+    if not paths and upstream_unit:
+        from tests.upstream_suite import series_test_paths
+        paths = [str(tree / "tests" / p) for p in series_test_paths(tree)]
     if not paths:
         if not (tree / DEFAULT_TESTS).is_dir():
             print(f"{tree / DEFAULT_TESTS} does not exist and no test path was given", file=sys.stderr)
@@ -58,7 +63,9 @@ def main(argv=None):
     os.environ.setdefault("DS_ACCELERATOR", default_device())
     # Order matters: this repository first ("tests" must be ours: the ranks run tests.harness.worker), then the
     # stand-in "unit" package, then the tree's deepspeed. PYTHONPATH carries the same order to the ranks.
-    entries = [str(REPO_ROOT), str(COMPAT_DIR)] + ([str(tree)] if (tree / "deepspeed").is_dir() else [])
+    # (upstream's tests import `unit` from tests/, which its conftest.py, not loaded here, puts on sys.path)
+    entries = [str(REPO_ROOT), str(tree / "tests" if upstream_unit else COMPAT_DIR)] + (
+        [str(tree)] if (tree / "deepspeed").is_dir() else [])
     sys.path[:0] = [e for e in entries if e not in sys.path]
     old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in entries]
     os.environ["PYTHONPATH"] = os.pathsep.join(entries + old)

@@ -1,0 +1,98 @@
+"""tests/upstream_suite.py without running DeepSpeed: where the tests come from, how two runs compare,
+and what a missing snapshot does. The runs themselves are tox -e upstream and upstream-v0198."""
+
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from tests import upstream_suite as suite
+from tests.harness.pool import REPO_ROOT
+
+
+def _fake_tests(root, with_user_backward=False):
+    unit = root / "tests" / "unit"
+    (unit / "v1" / "zero").mkdir(parents=True)
+    (unit / "common.py").write_text("# upstream's harness\n")
+    if with_user_backward:
+        (unit / "v1" / "zero" / "test_zero_user_backward.py").write_text("# upstream's own\n")
+    return root / "tests"
+
+
+def test_a_regression_is_a_test_that_passed_on_pristine_and_does_not_patched():
+    pristine = {"a": "passed", "b": "passed", "c": "failed", "d": "skipped", "e": "passed", "f": "passed"}
+    patched = {"a": "passed", "b": "failed", "c": "passed", "d": "failed", "e": "skipped", "g": "passed"}
+    lines, regressions = suite.compare(pristine, patched)
+    assert regressions == 3  # b failed, e skipped, f missing
+    regressed = sorted(line.split()[1].rstrip(":") for line in lines if "REGRESSION" in line)
+    assert regressed == ["b", "e", "f"]
+    assert any(line.strip() == "c: failed -> passed" for line in lines)
+    assert any(line.strip() == "g: missing -> passed" for line in lines)
+
+
+def test_outcomes_are_read_from_junit_xml(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text('<testsuites><testsuite>'
+                     '<testcase classname="unit.a.TestX" name="test_ok"/>'
+                     '<testcase classname="unit.a.TestX" name="test_bad"><failure message="x"/></testcase>'
+                     '<testcase classname="unit.a.TestX" name="test_err"><error message="x"/></testcase>'
+                     '<testcase classname="unit.a.TestX" name="test_skip"><skipped message="x"/></testcase>'
+                     '<testcase classname="" name="unit.b"><error message="collection"/></testcase>'
+                     '</testsuite></testsuites>')
+    assert suite._outcomes(junit) == {"unit.a.TestX::test_ok": "passed", "unit.a.TestX::test_bad": "failed",
+                                      "unit.a.TestX::test_err": "failed", "unit.a.TestX::test_skip": "skipped",
+                                      "unit.b": "failed"}
+
+
+@pytest.mark.parametrize("as_tgz", [False, True])
+def test_the_stand_in_fills_in_only_a_missing_user_backward_file(tmp_path, as_tgz):
+    tree = tmp_path / "tree"
+    (tree / "deepspeed").mkdir(parents=True)
+    source = _fake_tests(tmp_path / "snapshot")
+    if as_tgz:
+        with tarfile.open(tmp_path / "snapshot.tgz", "w:gz") as tgz:
+            tgz.add(source, arcname="tests")
+        source = tmp_path / "snapshot.tgz"
+    tests_dir, _, standin = suite.prepare(tree, str(source), tmp_path / "scratch")
+    assert standin
+    copied = tests_dir / "unit" / "v1" / "zero" / "test_zero_user_backward.py"
+    assert copied.read_text() == suite.STANDIN.read_text()
+
+    own = tmp_path / "own"
+    _fake_tests(own, with_user_backward=True)
+    tests_dir, _, standin = suite.prepare(own, None, tmp_path / "scratch2")
+    assert not standin
+    assert (tests_dir / "unit" / "v1" / "zero" / "test_zero_user_backward.py").read_text() == "# upstream's own\n"
+
+
+def test_a_missing_snapshot_skips_with_its_path(tmp_path):
+    for tree in ("a", "b"):
+        (tmp_path / tree / "deepspeed").mkdir(parents=True)
+        (tmp_path / tree / "deepspeed" / "__init__.py").write_text("")
+    missing = tmp_path / "nowhere" / "deepspeed-tests-v0.19.2.tgz"
+    proc = subprocess.run([sys.executable, "-m", "tests.upstream_suite", "compare", str(tmp_path / "a"),
+                           str(tmp_path / "b"), "--tests", str(missing)], cwd=REPO_ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"skipped: upstream's tests not found at {missing}")
+
+
+def test_series_test_paths_are_the_test_files_the_series_adds(tmp_path):
+    tree = tmp_path / "tree"
+    _fake_tests(tree)
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q", "-b", "zero3/v9")
+    git("add", "-A")
+    git("commit", "-q", "-m", "base")
+    base = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git("config", "branch.zero3/v9.zero3base", base)
+    (tree / "tests" / "unit" / "common.py").write_text("# changed\n")
+    (tree / "tests" / "unit" / "v1" / "zero" / "test_new.py").write_text("")
+    git("add", "-A")
+    git("commit", "-q", "-m", "series")
+    assert suite.series_test_paths(tree) == ["unit/v1/zero/test_new.py"]

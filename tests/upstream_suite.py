@@ -1,0 +1,237 @@
+"""Run DeepSpeed's own unit tests (upstream's tests/, with upstream's harness) against a tree, or
+compare a patched tree with its pristine release: no test may fail with the patches that passes
+without them.
+
+    python -m tests.upstream_suite run TREE [--tests SRC] [--ranks N] [--junit FILE] [PATH ...] [-- ARG ...]
+    python -m tests.upstream_suite compare PRISTINE PATCHED [--tests SRC] [--ranks N] [--out DIR] [PATH ...]
+
+TREE is a DeepSpeed tree (the deepspeed/ package; scripts/apply.sh makes one). Its own tests/ are used
+when it has upstream's harness (tests/unit/common.py), as the v0.19.8 trees do (apply.sh adds upstream's
+tests/ there, and the series' test changes with it); otherwise --tests names upstream's tests/: an
+extracted copy (a directory holding tests/unit/common.py, or that tests/ directory itself) or a snapshot
+.tgz from ../shared/upstream-tests. When SRC does not exist the command says so and exits 0 without
+running anything (``skipped: ...``), so that a machine without the snapshots is not failed for it.
+
+The tests run from a scratch copy under build/upstream-suite/ (the tree is never written to), with the
+tree first on PYTHONPATH, LOCAL_SIZE=N (upstream's CPU accelerator runs tests of up to N ranks and skips
+larger ones; default 2), DS_ACCELERATOR from ZERO3_TEST_DEVICE (default cpu), and a private
+TORCH_EXTENSIONS_DIR unless one is set. PATHs are relative to tests/ (default, or "all": unit/runtime/zero,
+unit/v1/zero and unit/runtime/activation_checkpointing); one the tests do not have is left out, saying so. When the snapshot lacks
+unit/v1/zero/test_zero_user_backward.py, which upstream's lifecycle tests import, the stand-in in
+tests/upstream_compat/standins/ takes its place.
+
+``compare`` runs the same PATHs on both trees (pristine first) and prints each test whose outcome
+differs; it exits 1 when a test that passed on PRISTINE fails, errors or is missing on PATCHED.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STANDIN = Path(__file__).resolve().parent / "upstream_compat" / "standins" / "user_backward.py"
+DEFAULT_PATHS = ["unit/runtime/zero", "unit/v1/zero", "unit/runtime/activation_checkpointing"]
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+
+class Skip(Exception):
+    """Nothing to run against: the reason is printed and the command exits 0."""
+
+
+def _tests_source(tree, tests):
+    """The tests/ directory to copy (or the .tgz to extract) for TREE."""
+    own = tree / "tests"
+    if (own / "unit" / "common.py").is_file():
+        return own
+    if tests is None:
+        raise SystemExit(f"{tree} has no tests/unit/common.py (an sdist tree): pass --tests with upstream's tests/")
+    src = Path(tests)
+    if not src.exists():
+        raise Skip(f"upstream's tests not found at {src} (an extracted copy of "
+                   "../shared/upstream-tests/deepspeed-tests-*.tgz, or the .tgz itself)")
+    if src.is_dir() and (src / "tests" / "unit" / "common.py").is_file():
+        return src / "tests"
+    if src.is_dir() and (src / "unit" / "common.py").is_file():
+        return src
+    if src.is_file() and src.name.endswith(".tgz"):
+        return src
+    raise SystemExit(f"{src} is neither upstream's tests/ (with unit/common.py), a directory holding it, nor a .tgz")
+
+
+def prepare(tree, tests, scratch):
+    """Copy TREE's tests (or SRC's) to SCRATCH/tests, with the stand-in where upstream's file is missing."""
+    src = _tests_source(tree, tests)
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    if src.is_file():
+        with tarfile.open(src) as tgz:
+            members = [m for m in tgz.getmembers() if m.name == "tests" or m.name.startswith("tests/")]
+            tgz.extractall(scratch, members=members, filter="data")
+    else:
+        shutil.copytree(src, scratch / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    user_backward = scratch / "tests" / "unit" / "v1" / "zero" / "test_zero_user_backward.py"
+    standin = not user_backward.exists()
+    if standin:
+        shutil.copyfile(STANDIN, user_backward)
+    return scratch / "tests", src, standin
+
+
+def _outcomes(junit):
+    """{test id: passed|failed|skipped} from a pytest JUnit XML file."""
+    result = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        test_id = f"{classname}::{name}" if classname else name
+        if case.find("failure") is not None or case.find("error") is not None:
+            result[test_id] = FAILED
+        elif case.find("skipped") is not None:
+            result[test_id] = SKIPPED
+        else:
+            result[test_id] = PASSED
+    return result
+
+
+def _test_file_from_elsewhere(path):
+    """(path relative to tests/, file) for a test file given by a path outside the tree, e.g. another
+    tree's version of a file: it is copied over the scratch copy's file of the same place."""
+    parts = path.parts
+    if "tests" not in parts:
+        raise SystemExit(f"{path}: a test file outside the tree must lie under some tests/ directory")
+    cut = len(parts) - 1 - parts[::-1].index("tests")
+    return Path(*parts[cut + 1:])
+
+
+def run(tree, tests, ranks, junit, paths, pytest_args, label=None):
+    """Run upstream's tests in PATHS against TREE; returns ({test id: outcome}, seconds). A PATH is relative
+    to tests/, or a path to a file under some other tree's tests/, which then replaces the copy's file."""
+    tree = Path(tree).resolve()
+    if not (tree / "deepspeed" / "__init__.py").is_file():
+        raise SystemExit(f"{tree} is not a DeepSpeed tree (no deepspeed/__init__.py)")
+    label = label or tree.name
+    scratch = REPO_ROOT / "build" / "upstream-suite" / label
+    tests_dir, src, standin = prepare(tree, tests, scratch)
+    relative = []
+    for path in DEFAULT_PATHS if paths in ([], ["all"]) else paths:
+        file_part, _, node = path.partition("::")
+        if not Path(file_part).is_absolute() and not (tests_dir / file_part).exists():
+            print(f"== {label}: {file_part} is not in these tests (an older snapshot); left out", flush=True)
+            continue
+        if Path(file_part).is_absolute():
+            inside = _test_file_from_elsewhere(Path(file_part))
+            if not (tests_dir / inside).is_file() or not (tests_dir / inside).samefile(file_part):
+                (tests_dir / inside).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(file_part, tests_dir / inside)
+            file_part = str(inside)
+        relative.append(file_part + (f"::{node}" if node else ""))
+    if not relative:
+        raise Skip(f"none of the test paths is in {src}")
+    paths = relative
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["LOCAL_SIZE"] = str(ranks)
+    env.setdefault("DS_ACCELERATOR", os.environ.get("ZERO3_TEST_DEVICE", "cpu"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / "build" / "upstream-suite" / "torch_extensions"))
+    env.setdefault("DS_BUILD_OPS", "0")
+    junit = Path(junit).resolve() if junit else scratch / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+           f"--junitxml={junit}", *pytest_args, *paths]
+    print(f"== {label}: upstream's tests from {src}{' (stand-in for test_zero_user_backward.py)' if standin else ''}, "
+          f"{ranks} rank(s), {env['DS_ACCELERATOR']}: {' '.join(paths)}", flush=True)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tests_dir, env=env)
+    seconds = time.monotonic() - start
+    if not junit.is_file():
+        raise SystemExit(f"pytest wrote no report (exit {proc.returncode}); see its output above")
+    outcomes = _outcomes(junit)
+    print(f"== {label}: {_summary(outcomes)} in {seconds:.0f} s", flush=True)
+    return outcomes, seconds
+
+
+def series_test_paths(tree):
+    """The test files under tests/unit that TREE's patch series adds (git diff from the base scripts/apply.sh
+    recorded for the checked-out branch), relative to tests/. Upstream's files that it changes run in the
+    comparison with the pristine release (``compare``; tox -e upstream-v0198)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
+    branch = git("symbolic-ref", "-q", "--short", "HEAD")
+    base = git("config", "--get", f"branch.{branch}.zero3base") if branch else ""
+    if not base:
+        raise SystemExit(f"{tree}: no base recorded by scripts/apply.sh for the checked-out branch; "
+                         "name the test files to run")
+    changed = git("diff", "--name-only", "--diff-filter=A", base, "HEAD", "--", "tests/unit").splitlines()
+    if not changed:
+        raise SystemExit(f"{tree}: the series adds no test file under tests/unit since {base[:12]}")
+    return [str(Path(p).relative_to("tests")) for p in changed if p.endswith(".py")]
+
+
+def _summary(outcomes):
+    counts = Counter(outcomes.values())
+    return ", ".join(f"{counts[o]} {o}" for o in (PASSED, FAILED, SKIPPED))
+
+
+def compare(pristine, patched):
+    """(lines describing every test whose outcome differs, number of regressions)."""
+    lines, regressions = [], 0
+    for test_id in sorted(set(pristine) | set(patched)):
+        before, after = pristine.get(test_id, "missing"), patched.get(test_id, "missing")
+        if before == after:
+            continue
+        regression = before == PASSED and after != PASSED
+        regressions += regression
+        lines.append(f"  {'REGRESSION ' if regression else ''}{test_id}: {before} -> {after}")
+    return lines, regressions
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pytest_args = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, pytest_args = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="python -m tests.upstream_suite", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "compare"):
+        p = sub.add_parser(name)
+        p.add_argument("trees", nargs=1 if name == "run" else 2, metavar="TREE")
+        p.add_argument("--tests", help="upstream's tests/ for trees without them: a directory or a snapshot .tgz")
+        p.add_argument("--ranks", type=int, default=2, help="LOCAL_SIZE: the most ranks a test may use (default 2)")
+        p.add_argument("paths", nargs="*", metavar="PATH", help="test paths relative to tests/")
+        if name == "run":
+            p.add_argument("--junit", help="where to write the JUnit XML report")
+        else:
+            p.add_argument("--out", help="directory for both JUnit XML reports (default build/upstream-suite)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            outcomes, _ = run(args.trees[0], args.tests, args.ranks, args.junit, args.paths, pytest_args)
+            return 1 if FAILED in outcomes.values() else 0
+        out = Path(args.out or REPO_ROOT / "build" / "upstream-suite")
+        out.mkdir(parents=True, exist_ok=True)
+        results = []
+        for role, tree in zip(("pristine", "patched"), args.trees):
+            label = f"{role}-{Path(tree).resolve().name}"
+            results.append(run(tree, args.tests, args.ranks, out / f"{label}.xml", args.paths, pytest_args, label))
+        lines, regressions = compare(results[0][0], results[1][0])
+        print(f"\nupstream's tests, {args.ranks} rank(s) at most, {' '.join(args.paths or DEFAULT_PATHS)}:")
+        for role, tree, (outcomes, seconds) in zip(("pristine", "patched"), args.trees, results):
+            print(f"  {role:8} {tree}: {_summary(outcomes)} ({seconds:.0f} s)")
+        print(f"{len(lines)} test(s) changed outcome" + (":" if lines else ""))
+        print("\n".join(lines)) if lines else None
+        print(f"{regressions} regression(s): {'none' if not regressions else 'a test that passes on pristine does not pass patched'}")
+        return 1 if regressions else 0
+    except Skip as reason:
+        print(f"skipped: {reason}")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
