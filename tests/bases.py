@@ -46,8 +46,9 @@ NOT_APPLICABLE = "not applicable"
 # gathered, 11 a z3 leaf's grads reduced when its output is not a tuple (needs 6), 12 a param's
 # second gradient reduction in one micro-step added to the first, 13 a z3 leaf's grads that its
 # backward hook did not reduce reduced in the epilogue, 14 a zero gradient reduced when a grad hook
-# runs without one, 15 input grads counted per module invocation. The patches are independent
-# (scripts/prove-independent.sh); ZERO3_SERIES_PREFIX=n still means "the first n".
+# runs without one, 15 input grads counted per module invocation. The patches form four batches,
+# each safe alone (patches/v0.19.8/batches, scripts/prove_batches.py); ZERO3_SERIES_PREFIX=n
+# still means "the first n".
 V0198 = {
     "test_frozen_norm": 0,
     # v0.19.8: RuntimeError in the forward (the returned scale partitioned, size 0)

@@ -882,3 +882,17 @@ def test_every_batch_names_patches_of_its_series_once():
         listed = [n for line in batches.read_text().splitlines() if line.strip() and not line.startswith("#")
                   for n in line.split()[1:]]
         assert sorted(listed) == sorted(n[:4] for n in names), f"{batches}: every patch in exactly one batch"
+
+
+def test_each_batch_letter_carries_its_reproduction_verbatim():
+    """The cover letter of a batch (the pull request's description) quotes the reproduction script that
+    scripts/prove_batches.py runs: it fails on the release and passes with the batch."""
+    for batches in sorted((REPO / "patches").glob("*/batches")):
+        names = [line.split()[0] for line in batches.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        for name in names:
+            letter = batches.parent / f"batch-{name}.txt"
+            repro = batches.parent / "repro" / f"{name}.py"
+            assert letter.is_file() and repro.is_file(), f"{batches.parent.name}: batch {name} needs a letter and a repro"
+            quoted = "".join("    " + line if line.strip() else line for line in repro.read_text().splitlines(True))
+            assert quoted in letter.read_text(), f"{letter.name} does not quote repro/{repro.name} as it is"
+            assert len(repro.read_text().splitlines()) <= 16, f"repro/{repro.name}: keep it short"
