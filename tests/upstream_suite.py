@@ -2,8 +2,8 @@
 compare a patched tree with its pristine release: no test may fail with the patches that passes
 without them.
 
-    python -m tests.upstream_suite run TREE [--tests SRC] [--ranks N] [--junit FILE] [PATH ...] [-- ARG ...]
-    python -m tests.upstream_suite compare PRISTINE PATCHED [--tests SRC] [--ranks N] [--out DIR] [PATH ...]
+    python -m tests.upstream_suite run [--tests SRC] [--ranks N] [--junit FILE] TREE [PATH ...] [-- ARG ...]
+    python -m tests.upstream_suite compare [--tests SRC] [--ranks N] [--out DIR] PRISTINE PATCHED [PATH ...]
 
 TREE is a DeepSpeed tree (the deepspeed/ package; scripts/apply.sh makes one). Its own tests/ are used
 when it has upstream's harness (tests/unit/common.py), as the v0.19.8 trees do (apply.sh adds upstream's
@@ -220,6 +220,10 @@ def main(argv=None):
         for role, tree in zip(("pristine", "patched"), args.trees):
             label = f"{role}-{Path(tree).resolve().name}"
             results.append(run(tree, args.tests, args.ranks, out / f"{label}.xml", args.paths, pytest_args, label))
+        if not any(outcome == PASSED for outcome in results[0][0].values()):
+            # a comparison in which nothing ran proves nothing (a missing requirement, a broken tree)
+            print(f"no test passed on the pristine tree {args.trees[0]}: upstream's tests did not run (see above)")
+            return 1
         lines, regressions = compare(results[0][0], results[1][0])
         print(f"\nupstream's tests, {args.ranks} rank(s) at most, {' '.join(args.paths or DEFAULT_PATHS)}:")
         for role, tree, (outcomes, seconds) in zip(("pristine", "patched"), args.trees, results):
