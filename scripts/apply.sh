@@ -532,7 +532,9 @@ EOF
 # the sdist import, with the same fixed identity, so the base stays the same on every machine.
 import_upstream_tests() {
     local repo=$1 found cand snapshot=''
-    for cand in "${ZERO3_UPSTREAM_TESTS:-}" "$REPO_ROOT/../shared/upstream-tests"; do
+    # An offline host's wheelhouse (PIP_FIND_LINKS) may carry it, as it carries the sdist.
+    for cand in "${ZERO3_UPSTREAM_TESTS:-}" "$REPO_ROOT/../shared/upstream-tests" ${PIP_FIND_LINKS:-}; do
+        cand=${cand#file://}
         [[ -n $cand ]] || continue
         [[ -d $cand ]] && cand=$cand/$PIN_TESTS
         if [[ -f $cand && ${cand##*/} == "$PIN_TESTS" ]]; then
@@ -540,7 +542,7 @@ import_upstream_tests() {
             break
         fi
     done
-    [[ -n $snapshot ]] || die "$E_NOBASE" "the $VERSION series changes upstream's own tests/, which the PyPI sdist lacks: set ZERO3_UPSTREAM_TESTS to $PIN_TESTS (sha256 $PIN_TESTS_SHA) or the directory holding it (looked in ${ZERO3_UPSTREAM_TESTS:+$ZERO3_UPSTREAM_TESTS and }$REPO_ROOT/../shared/upstream-tests)"
+    [[ -n $snapshot ]] || die "$E_NOBASE" "the $VERSION series changes upstream's own tests/, which the PyPI sdist lacks: set ZERO3_UPSTREAM_TESTS to $PIN_TESTS (sha256 $PIN_TESTS_SHA) or the directory holding it (looked in ${ZERO3_UPSTREAM_TESTS:+$ZERO3_UPSTREAM_TESTS, }$REPO_ROOT/../shared/upstream-tests${PIP_FIND_LINKS:+ and PIP_FIND_LINKS})"
     found=$(sha256_of "$snapshot")
     [[ $found == "$PIN_TESTS_SHA" ]] || die "$E_VERIFY" "base verification failed: sha256 of $snapshot is $found, expected $PIN_TESTS_SHA"
     [[ -z $(tar -tzf "$snapshot" | grep -v '^tests/' | head -n 1) ]] ||

@@ -22,7 +22,9 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
   - hypothesis and its requirements: `tox -e gpu` runs the bounded lifecycle fuzz, and a GPU
     host that has pytest and the Hugging Face stack rarely has hypothesis
   - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
-    checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS
+    checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS; for a
+    VERSION whose series changes upstream's tests (v0.19.8), the pinned snapshot of upstream's
+    tests/ too (from ZERO3_UPSTREAM_TESTS or ../shared/upstream-tests), found the same way
   - with --bench-upstream VERSION (e.g. 0.19.8): that DeepSpeed sdist too, for the benchmark's
     upstream variant (unpack it and set ZERO3_BENCH_UPSTREAM_TREE; not checked against a pin)
   - with --test-deps: pytest, transformers, peft, accelerate and their requirements, minus
@@ -92,7 +94,7 @@ PINNED=$SCRIPT_DIR/pinned-bases.tsv
 if [[ -z $VERSION ]]; then
     VERSION=$(awk -F'\t' '$1 !~ /^#/ && NF >= 4 {print $1; exit}' "$PINNED")
 fi
-read -r sdist_name sdist_sha < <(awk -F'\t' -v v="$VERSION" '$1 == v {print $3, $4}' "$PINNED") ||
+read -r sdist_name sdist_sha tests_name tests_sha < <(awk -F'\t' -v v="$VERSION" '$1 == v {print $3, $4, $5, $6}' "$PINNED") ||
     die "unknown version '$VERSION': not in $PINNED"
 
 py=${PYTHON:-python3}
@@ -125,6 +127,16 @@ found=$(sha256sum -- "$DEST/$sdist_name" | cut -d' ' -f1)
 if [[ $found != "$sdist_sha" ]]; then
     rm -f -- "$DEST/$sdist_name"
     die "sha256 of the downloaded $sdist_name is $found, expected $sdist_sha (removed it)"
+fi
+
+if [[ -n ${tests_name:-} ]]; then
+    # apply.sh commits this snapshot of upstream's tests/ on the sdist; it finds it here offline
+    echo "== upstream's tests/ snapshot $tests_name"
+    src=${ZERO3_UPSTREAM_TESTS:-$REPO_ROOT/../shared/upstream-tests}
+    [[ -d $src ]] && src=$src/$tests_name
+    [[ -f $src ]] || die "$VERSION needs $tests_name (upstream's tests/): set ZERO3_UPSTREAM_TESTS to it or its directory"
+    [[ $(sha256sum -- "$src" | cut -d' ' -f1) == "$tests_sha" ]] || die "sha256 of $src is not the pinned $tests_sha"
+    cp -- "$src" "$DEST/"
 fi
 
 if [[ -n $BENCH_UPSTREAM ]]; then
