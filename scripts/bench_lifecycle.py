@@ -57,8 +57,32 @@ VARIANTS = {
 FOLLOWUP_VOLUME_TOLERANCE = 1.02
 
 
-def build_model(args, ds_config):
-    import deepspeed
+def bench_ds_config(batch, **zero_options):
+    """The benchmark's DeepSpeed config: bf16, torch's AdamW, ZeRO-3 with DeepSpeed's defaults
+    (plus ZERO_OPTIONS)."""
+    return {
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_accumulation_steps": 1,
+        "bf16": {
+            "enabled": True
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": 1e-4,
+                "torch_adam": True
+            }
+        },
+        "zero_optimization": {
+            "stage": 3,
+            **zero_options
+        },
+    }
+
+
+def build_model(args, ds_config, device=None):
+    """The benchmark's model, built under deepspeed.zero.Init with DS_CONFIG, or, with DS_CONFIG None,
+    in plain torch on DEVICE (the same model without DeepSpeed)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -71,8 +95,13 @@ def build_model(args, ds_config):
                          num_key_value_heads=args.hidden // 128,
                          max_position_embeddings=args.seq,
                          torch_dtype=torch.bfloat16)
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=torch.bfloat16):
-        model = LlamaForCausalLM(config)
+    if ds_config is None:
+        with torch.device(device):
+            model = LlamaForCausalLM(config).to(dtype=torch.bfloat16)
+    else:
+        import deepspeed
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=torch.bfloat16):
+            model = LlamaForCausalLM(config)
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     # v0.19.2 cannot all-gather fp32 adapters on a bf16 base (a separate, later-fixed bug)
     model = get_peft_model(model, lora, autocast_adapter_dtype=False)
@@ -164,23 +193,7 @@ def build_engine(args):
     """The benchmark's engine: the model of build_model, bf16, ZeRO-3 with DeepSpeed's defaults."""
     import deepspeed
     import torch
-    ds_config = {
-        "train_micro_batch_size_per_gpu": args.batch,
-        "gradient_accumulation_steps": 1,
-        "bf16": {
-            "enabled": True
-        },
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": 1e-4,
-                "torch_adam": True
-            }
-        },
-        "zero_optimization": {
-            "stage": 3
-        },
-    }
+    ds_config = bench_ds_config(args.batch)
     torch.manual_seed(0)
     model = build_model(args, ds_config)
     engine, *_ = deepspeed.initialize(model=model,

@@ -46,14 +46,9 @@ def llama_case(config_name, args):
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     sys.path.insert(0, SCRIPTS)
-    from bench_lifecycle import build_model
-    ds_config = {
-        "train_micro_batch_size_per_gpu": args.batch,
-        "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
-        "zero_force_ds_cpu_optimizer": False,
-        "zero_optimization": {"stage": 3, **LLAMA_CONFIGS[config_name]},
-    }
+    from bench_lifecycle import bench_ds_config, build_model
+    ds_config = bench_ds_config(args.batch, **LLAMA_CONFIGS[config_name])
+    ds_config["zero_force_ds_cpu_optimizer"] = False  # torch's AdamW with the optimizer offloaded
     torch.manual_seed(0)
     model = build_model(argparse.Namespace(hidden=args.hidden, layers=args.layers, seq=args.seq,
                                            variant="series"), ds_config)

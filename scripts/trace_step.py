@@ -59,6 +59,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from bench_lifecycle import bench_ds_config, build_model as bench_model  # noqa: E402  (the benchmark's model)
 
 VARIANTS = {
     "torch-reentrant": ("torch", True),
@@ -81,61 +83,14 @@ CATEGORIES = (
 
 
 # ---------------------------------------------------------------------------------------------
-# The model and the step
+# The model and the step: the benchmark's (scripts/bench_lifecycle.py)
 
 
-def build_model(args, mode, reentrant, device):
+def build_model(args, ds_config, reentrant, device):
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=32000,
-                         hidden_size=args.hidden,
-                         intermediate_size=int(args.hidden * 2.6875),
-                         num_hidden_layers=args.layers,
-                         num_attention_heads=max(args.hidden // 128, 1),
-                         num_key_value_heads=max(args.hidden // 128, 1),
-                         max_position_embeddings=args.seq,
-                         torch_dtype=torch.bfloat16)
     torch.manual_seed(0)
-    if mode == "ds":
-        import deepspeed
-        with deepspeed.zero.Init(config_dict_or_path=ds_config(args), dtype=torch.bfloat16):
-            model = LlamaForCausalLM(config)
-    else:
-        with torch.device(device):
-            model = LlamaForCausalLM(config)
-        model.to(dtype=torch.bfloat16)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    # as bench_lifecycle.py: bf16 adapters (v0.19.2 cannot all-gather fp32 adapters on a bf16 base)
-    model = get_peft_model(model, lora, autocast_adapter_dtype=False)
-    for param in model.parameters():
-        if param.requires_grad:
-            param.data = param.data.to(torch.bfloat16)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    if reentrant:
-        model.enable_input_require_grads()  # reentrant checkpointing needs an input that requires grad
-    return model
-
-
-def ds_config(args):
-    return {
-        "train_micro_batch_size_per_gpu": args.batch,
-        "gradient_accumulation_steps": 1,
-        "bf16": {
-            "enabled": True
-        },
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": 1e-4,
-                "torch_adam": True
-            }
-        },
-        "zero_optimization": {
-            "stage": 3
-        },
-    }
+    return bench_model(argparse.Namespace(hidden=args.hidden, layers=args.layers, seq=args.seq,
+                                          variant="reentrant" if reentrant else "series"), ds_config, device)
 
 
 class Trainer:
@@ -146,13 +101,14 @@ class Trainer:
         self.mode = mode
         if mode == "ds":
             import deepspeed
-            model = build_model(args, mode, reentrant, device)
+            config = bench_ds_config(args.batch)
+            model = build_model(args, config, reentrant, device)
             self.engine, *_ = deepspeed.initialize(model=model,
                                                    model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                                   config=ds_config(args))
+                                                   config=config)
             self.engine.train()
         else:
-            self.model = build_model(args, mode, reentrant, device)
+            self.model = build_model(args, None, reentrant, device)
             self.model.train()
             self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-4)
 
