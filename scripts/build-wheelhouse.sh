@@ -23,7 +23,7 @@ interpreter and platform (default: CPython 3.12, manylinux x86_64), never for th
     host that has pytest and the Hugging Face stack rarely has hypothesis
   - the DeepSpeed sdist of VERSION (default: the first entry of scripts/pinned-bases.tsv),
     checked against its pinned sha256; scripts/apply.sh finds it through PIP_FIND_LINKS; for a
-    VERSION whose series changes upstream's tests (v0.19.8), the pinned snapshot of upstream's
+    VERSION whose series changes upstream's tests (v0.19.2, v0.19.8), the pinned snapshot of upstream's
     tests/ too (from ZERO3_UPSTREAM_TESTS or ../shared/upstream-tests), found the same way
   - with --bench-upstream VERSION (e.g. 0.19.8): that DeepSpeed sdist too, for the benchmark's
     upstream variant (unpack it and set ZERO3_BENCH_UPSTREAM_TREE; not checked against a pin)

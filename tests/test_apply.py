@@ -36,9 +36,9 @@ UPSTREAM = "b919284ab1ad6dbc1cb0e06b10386ff74160b586"
 SDIST_NAME = sdist_name(VERSION)
 SDIST_SHA = "7e854b6ebe3d2bfa239f82958372927631c74e5324c7f08f17ce7ff5f6b06969"
 BRANCH = "zero3/" + VERSION
-# The commit apply.sh makes of the v0.19.2 sdist: the same on every machine and git version (seen
-# with git 2.39 on the CPU machines and git 2.43 on a GPU host).
-SDIST_BASE = "218372e36c82e62b36fcd616df794106b93a6c03"
+# The base apply.sh makes of the v0.19.2 sdist and the pinned snapshot of upstream's tests/: the same
+# on every machine and git version.
+SDIST_BASE = "8f06ae5b82b58afb485ff1a14ce66585a3a6a2eb"
 
 # Exit codes documented in apply.sh --help and docs/guide/troubleshooting.md.
 E_USAGE, E_VERSION, E_FOREIGN, E_DIFFERENT, E_CHECKOUT, E_NOBASE, E_VERIFY, E_PATCH, E_SERIES = range(2, 11)
@@ -53,6 +53,9 @@ SYNTH_AUTHOR = {"GIT_AUTHOR_NAME": "Synthetic Author", "GIT_AUTHOR_EMAIL": "synt
 
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    # The v0.19.2 base carries upstream's tests/ from a pinned snapshot, which apply.sh looks for beside
+    # the repository; tests that run a copy of the scripts elsewhere need to be told where it is.
+    env.setdefault("ZERO3_UPSTREAM_TESTS", str(REPO.parent / "shared" / "upstream-tests"))
     # A machine without a git identity (fresh CI) must still work; tests that need one set it.
     env.update(extra)
     return env
@@ -183,7 +186,7 @@ def synthetic_series(tmp_path_factory, pristine_tree):
     root = tmp_path_factory.mktemp("synthetic")
     tree = copy_repo(pristine_tree, root / "tree")
     test_file = tree / "tests" / "unit" / "v1" / "zero" / "test_synthetic_series.py"
-    test_file.parent.mkdir(parents=True)
+    test_file.parent.mkdir(parents=True, exist_ok=True)
     test_file.write_text("# Copyright (c) DeepSpeed Team.\n# SPDX-License-Identifier: Apache-2.0\n\n"
                          "# DeepSpeed Team\n\n\ndef test_synthetic():\n    assert True\n")
     _commit_all(tree, "Z3: add a synthetic test\n\nOnly used by tests/test_apply.py.", "2026-07-01T10:00:00+0200")
@@ -291,13 +294,18 @@ def test_sdist_end_to_end(tmp_path, sdist, series_dir):
     assert commits_since(dest, base) == [patch_subject(series_dir / p) for p in series_of(series_dir)]
     for subject in commits_since(dest, base):
         assert subject in proc.stdout
-    message = git(dest, "log", "-1", "--format=%B", base)
+    # The base is the sdist import plus a commit with upstream's tests/ (the pinned snapshot).
+    imported = git(dest, "rev-parse", base + "~1")
+    message = git(dest, "log", "-1", "--format=%B", imported)
     assert f"Upstream-commit: {UPSTREAM}" in message and SDIST_SHA in message
     assert git(dest, "status", "--porcelain") == ""
-    # The base commit holds exactly the sdist's files.
+    # The import commit holds exactly the sdist's files; the next one adds files under tests/ only.
     with tarfile.open(sdist) as tf:
         files = sorted(m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile())
-    assert git(dest, "ls-tree", "-r", "--name-only", base).splitlines() == files
+    assert git(dest, "ls-tree", "-r", "--name-only", imported).splitlines() == files
+    added = git(dest, "diff", "--name-only", "--diff-filter=A", imported, base).splitlines()
+    assert "tests/unit/common.py" in added and all(p.startswith("tests/") for p in added)
+    assert git(dest, "diff", "--name-only", "--diff-filter=MD", imported, base) == ""
 
 
 def test_default_destination_is_build_dir(tmp_path, sdist):

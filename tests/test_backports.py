@@ -95,14 +95,17 @@ def _port(copy, *args):
         pytest.skip(f"port-series.sh builds v0.19.2 and {args[0]} from their sdists: {reason}")
     # Both bases from their sdists (DEEPSPEED_SDIST, else PyPI): where GitHub is reachable,
     # apply.sh would otherwise clone all of DeepSpeed for v0.19.2 first.
+    # The copy is not beside ../shared: name the snapshot of upstream's tests v0.19.2's base carries.
     env = dict(os.environ, DEEPSPEED_GIT_URL=str(copy / "no-such-clone"))
+    env.setdefault("ZERO3_UPSTREAM_TESTS", str(ROOT.parent / "shared" / "upstream-tests"))
     return subprocess.run(["bash", str(copy / "scripts" / "port-series.sh"), *args], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 def test_port_reproduces_the_committed_v0_19_1_series(tmp_path):
-    """v0.19.1 needs no hand resolution, so porting the v0.19.2 series again must give the
-    committed files byte for byte (apply.sh gets the sdists from DEEPSPEED_SDIST or PyPI)."""
+    """v0.19.1 needs no hand resolution (the change to upstream's test file, which v0.19.1's sdist
+    lacks, is left out by the script), so porting the v0.19.2 series again must give the committed
+    files byte for byte (apply.sh gets the sdists from DEEPSPEED_SDIST or PyPI)."""
     copy = _repo_copy(tmp_path)
     for f in (copy / "patches" / "v0.19.1").glob("0*.patch"):
         f.unlink()
