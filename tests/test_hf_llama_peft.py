@@ -35,3 +35,12 @@ def test_hf_trainer_with_zero3_config(scenario):
     """transformers' Trainer with a ZeRO-3 config dict: its own DeepSpeed integration builds the
     model under zero.Init and the engine; PEFT LoRA, non-reentrant gradient checkpointing."""
     scenario(f"{HF}:trainer_lora")
+
+
+@pytest.mark.needs_patch(20)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("checkpointing", [None, "non-reentrant", "reentrant"], ids=["none", "non-reentrant", "reentrant"])
+def test_hf_llama_peft_lora_classifier(scenario, checkpointing):
+    """PEFT's sequence-classification recipe: the head trained in full through modules_to_save.
+    v0.19.2, in every mode: AttributeError: 'Linear' object has no attribute 'ds_grads_remaining'."""
+    scenario(f"{HF}:llama_lora_classifier", checkpointing=checkpointing)

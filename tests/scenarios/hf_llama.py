@@ -63,6 +63,66 @@ def tiny_llama_lora(input_grads):
     return CausalLMLoss(model)
 
 
+class ClassificationLoss(torch.nn.Module):
+    """Makes a sequence classifier's loss the module output."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels).loss
+
+
+def tiny_llama_lora_classifier(checkpointing):
+    """PEFT's sequence-classification recipe: LoRA on the attention projections and the new
+    classification head trained in full, which get_peft_model wraps in a ModulesToSaveWrapper."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForSequenceClassification
+
+    config = tiny_llama_config()
+    config.num_labels = 3
+    model = LlamaForSequenceClassification(config)
+    # where the last token of each row is; set after construction: under zero.Init the embedding's
+    # padding row cannot be zeroed in a partitioned weight
+    model.config.pad_token_id = 0
+    lora = LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, lora_dropout=0.0,
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = get_peft_model(model, lora, autocast_adapter_dtype=False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return ClassificationLoss(model)
+
+
+def llama_lora_classifier(*, checkpointing="non-reentrant", steps=2):
+    """PEFT LoRA sequence classification (modules_to_save head) under zero.Init. v0.19.2, with or
+    without checkpointing: AttributeError: 'Linear' object has no attribute 'ds_grads_remaining' in
+    the first forward (the wrapper forwards hasattr(wrapper, "post_bwd_fn") to the head it wraps)."""
+    config = lifecycle_config()
+    torch.manual_seed(0)
+    reference = tiny_llama_lora_classifier(checkpointing)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = tiny_llama_lora_classifier(checkpointing)
+    load_reference_weights(model, reference)
+    engine = initialize(model, config)
+    reference = reference.to(device=engine.device)
+    engine.train()
+    reference.train()
+
+    def make_inputs(step):
+        generator = torch.Generator().manual_seed(step)
+        ids = torch.randint(1, VOCAB, (2, 8), generator=generator)
+        return ids.to(engine.device), torch.randint(0, 3, (2, ), generator=generator).to(engine.device)
+
+    result = train(engine, reference, make_inputs, steps=steps, exact=False)
+    engine.destroy()
+    return result
+
+
 def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
     """v0.19.2: CheckpointError on the frozen RMSNorm weights (and, under zero.Init, the frozen
     base projections); without input grads the first decoder layer's LoRA weights also leak."""
