@@ -58,6 +58,9 @@ V0198 = {
     "test_frozen_norm_relu_tail": 0,
     "test_frozen_norm_deepspeed_defaults": 4,  # v0.19.8: available-parameter count negative (-194)
     "test_frozen_norm_reentrant_unchanged": 0,
+    "test_deepspeed_checkpoint": 0,
+    # v0.19.8: RuntimeError: The size of tensor a (0) must match the size of tensor b (8) (no early stop)
+    "test_deepspeed_non_reentrant_checkpoint": 8,
     "test_lora_blocks": 0,
     "test_frozen_linear_weight_zero_init": 0,
     "test_frozen_linear_weight_plain": 0,

@@ -115,6 +115,23 @@ def test_shared_layer_checkpointed_both_ways(scenario, early_stop):
     scenario(f"{FROZEN}:shared_layer_checkpointed_both_ways", early_stop=early_stop)
 
 
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("options", [{}, {"synchronize": True}], ids=["defaults", "synchronize"])
+def test_deepspeed_checkpoint(scenario, options):
+    """DeepSpeed's own (reentrant) deepspeed.checkpointing.checkpoint worked before the series and
+    must keep working."""
+    scenario(f"{FROZEN}:deepspeed_checkpointing", api="checkpoint", **options)
+
+
+@pytest.mark.needs_patch(9)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("options", [{}, {"synchronize": True}], ids=["defaults", "synchronize"])
+def test_deepspeed_non_reentrant_checkpoint(scenario, options):
+    """deepspeed.checkpointing.non_reentrant_checkpoint recomputes without torch's early stop."""
+    scenario(f"{FROZEN}:deepspeed_checkpointing", api="non_reentrant_checkpoint", **options)
+
+
 @pytest.mark.needs_patch(5)
 @pytest.mark.invariants("I1", "I2")
 def test_frozen_norm_relu_tail(scenario):

@@ -4,6 +4,7 @@ Each docstring names what pristine v0.19.2 does; tests/test_frozen_ckpt.py says 
 fail there (regressions) and which must pass on both (guards).
 """
 
+import contextlib
 import functools
 import json
 
@@ -12,6 +13,7 @@ import torch
 
 import deepspeed
 from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero import parameter_offload
 from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
@@ -817,3 +819,46 @@ def z3_leaf_experts_routed_by_rank(*, steps=2):
         sync_reference(engine, reference)
     engine.destroy()
     return {"steps": steps}
+
+
+def deepspeed_checkpointing(*, api="checkpoint", synchronize=False, profile=False, steps=2):
+    """DeepSpeed's own activation checkpointing (deepspeed.checkpointing.checkpoint or
+    non_reentrant_checkpoint, as Megatron-DeepSpeed calls them) of frozen-norm blocks after a frozen
+    embedding, with configure()'s synchronize option (its profile option fails on v0.19.2's
+    non_reentrant_checkpoint with or without ZeRO-3's series: "backward timer has already been
+    started"). v0.19.8: non_reentrant_checkpoint
+    crashes in the first backward (RuntimeError: The size of tensor a (0) must match the size of
+    tensor b (8)), as does v0.19.2 (on CPU with _accelerator_stream_stand_in). configure()'s
+    partition_activations needs a model-parallel mpu: without one it fails the same on both releases,
+    patched or not and without ZeRO-3 (The size of tensor a (128) must match the size of tensor b)."""
+    vocab = 16
+    deepspeed.checkpointing.configure(None, synchronize=synchronize, profile=profile)
+    config = lifecycle_config()
+    factory = functools.partial(models.EmbeddingNormStack, vocab, DIM, 2,
+                                "deepspeed" if api == "checkpoint" else "deepspeed-non-reentrant")
+
+    def ids(engine):
+        return lambda step: (torch.randint(0, vocab, (2, 4), generator=torch.Generator().manual_seed(step)).to(
+            engine.device), )
+
+    with _accelerator_stream_stand_in():
+        return _build_and_train(factory, config, inputs=ids, steps=steps)
+
+
+@contextlib.contextmanager
+def _accelerator_stream_stand_in():
+    """v0.19.2's deepspeed.checkpointing creates an accelerator Stream on every call and never uses
+    it (the code that would is commented out); the CPU accelerator has none (its Stream is None), so
+    there both functions fail with "TypeError: 'NoneType' object is not callable" before ZeRO-3 is
+    reached. v0.19.8 creates none. On such an accelerator, for the scenario's duration, Stream makes
+    None instead, so that the scenario tests ZeRO-3 on CPU as it does on a GPU."""
+    accelerator = type(get_accelerator())
+    if get_accelerator().Stream is not None:
+        yield
+        return
+    original = accelerator.__dict__["Stream"]
+    accelerator.Stream = property(lambda self: lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        accelerator.Stream = original

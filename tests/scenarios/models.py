@@ -9,7 +9,7 @@ block and a relu after it), or "reentrant".
 import torch
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-CHECKPOINTING = ("none", "module", "function", "function-relu", "reentrant")
+CHECKPOINTING = ("none", "module", "function", "function-relu", "reentrant", "deepspeed", "deepspeed-non-reentrant")
 
 
 def run_checkpointed(block, checkpointing, *args, **kwargs):
@@ -29,6 +29,12 @@ def run_checkpointed(block, checkpointing, *args, **kwargs):
         return checkpoint(lambda *a, **k: torch.relu(block(*a, **k)), *args, use_reentrant=False, **kwargs)
     if checkpointing == "reentrant":
         return checkpoint(block, *args, use_reentrant=True, **kwargs)
+    if checkpointing in ("deepspeed", "deepspeed-non-reentrant"):
+        # DeepSpeed's own activation checkpointing (Megatron-DeepSpeed's), configured by the caller
+        import deepspeed
+        function = (deepspeed.checkpointing.checkpoint
+                    if checkpointing == "deepspeed" else deepspeed.checkpointing.non_reentrant_checkpoint)
+        return function(block, *args, **kwargs)
     raise ValueError(f"unknown checkpointing mode {checkpointing!r}; expected one of {CHECKPOINTING}")
 
 
@@ -334,6 +340,21 @@ def frozen_norm_stack(dim=8, depth=2, checkpointing="module", relu=False, repeat
     for block in blocks:
         block.norm.requires_grad_(False)
     return Stack(blocks, dim, checkpointing, repeat=repeat, bias=bias)
+
+
+class EmbeddingNormStack(Stack):
+    """A frozen embedding, then frozen-norm blocks (frozen_norm_stack) and a trainable head. Its
+    output is made to require grad, as enable_input_require_grads() does for reentrant checkpointing."""
+
+    def __init__(self, vocab, dim, depth, checkpointing):
+        blocks = [NormLinear(dim) for _ in range(depth)]
+        for block in blocks:
+            block.norm.requires_grad_(False)
+        super().__init__(blocks, dim, checkpointing)
+        self.embedding = torch.nn.Embedding(vocab, dim).requires_grad_(False)
+
+    def forward(self, ids):
+        return super().forward(self.embedding(ids).requires_grad_())
 
 
 class PassThroughProbe(torch.nn.Module):
