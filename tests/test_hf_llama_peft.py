@@ -44,3 +44,17 @@ def test_hf_llama_peft_lora_classifier(scenario, checkpointing):
     """PEFT's sequence-classification recipe: the head trained in full through modules_to_save.
     v0.19.2, in every mode: AttributeError: 'Linear' object has no attribute 'ds_grads_remaining'."""
     scenario(f"{HF}:llama_lora_classifier", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("checkpointing", [None, "non-reentrant"], ids=["none", "non-reentrant"])
+def test_hf_mixtral_lora_z3_leaves(scenario, checkpointing):
+    scenario(f"{HF}:mixtral_lora", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("checkpointing", [None, "non-reentrant"], ids=["none", "non-reentrant"])
+def test_hf_t5_lora_encoder_decoder(scenario, checkpointing):
+    scenario(f"{HF}:t5_lora", checkpointing=checkpointing)

@@ -123,6 +123,110 @@ def llama_lora_classifier(*, checkpointing="non-reentrant", steps=2):
     return result
 
 
+def tiny_mixtral_lora(checkpointing):
+    """A two-layer Mixtral (4 experts, top 2) with PEFT LoRA on the attention projections: experts
+    and router frozen."""
+    from peft import get_peft_model
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=2, max_position_embeddings=64, tie_word_embeddings=False)
+    model = get_peft_model(MixtralForCausalLM(config), lora_config(), autocast_adapter_dtype=False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return CausalLMLoss(model)
+
+
+def mixtral_lora(*, checkpointing="non-reentrant", steps=2):
+    """MoE with LoRA: the sparse MoE blocks are z3 leaves (v0.19.8 makes Mixtral's its default
+    leaves; on v0.19.2 set_z3_leaf_modules sets them, as users of v0.19.2 do). v0.19.2,
+    non-reentrant: CheckpointError (recomputed metadata differs); without checkpointing the first
+    layer's LoRA A weights stay gathered after backward."""
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    from deepspeed.utils import set_z3_leaf_modules, z3_leaf_module
+
+    config = lifecycle_config()
+    torch.manual_seed(0)
+    reference = tiny_mixtral_lora(checkpointing)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = tiny_mixtral_lora(checkpointing)
+    load_reference_weights(model, reference)
+    if not any(z3_leaf_module(module) for module in model.modules()):
+        set_z3_leaf_modules(model, [MixtralSparseMoeBlock])
+    engine = initialize(model, config)
+    assert sum(z3_leaf_module(module) for module in engine.module.modules()) == 2, "the MoE blocks are z3 leaves"
+    reference = reference.to(device=engine.device)
+    engine.train()
+    reference.train()
+
+    def make_inputs(step):
+        generator = torch.Generator().manual_seed(step)
+        return (torch.randint(0, VOCAB, (2, 8), generator=generator).to(engine.device), )
+
+    result = train(engine, reference, make_inputs, steps=steps, exact=False)
+    engine.destroy()
+    return result
+
+
+class Seq2SeqLoss(torch.nn.Module):
+    """Makes an encoder-decoder's loss the module output (the labels are the inputs reversed)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, labels=input_ids.flip(-1), use_cache=False).loss
+
+
+def tiny_t5_lora(checkpointing):
+    """A T5 with two encoder and two decoder layers and PEFT LoRA on the attention's q and v; the
+    word embedding is shared by the encoder, the decoder and the head."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q", "v"])
+    model = get_peft_model(T5ForConditionalGeneration(config), lora, autocast_adapter_dtype=False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return Seq2SeqLoss(model)
+
+
+def t5_lora(*, checkpointing="non-reentrant", steps=2):
+    """An encoder-decoder with LoRA under zero.Init. v0.19.2, non-reentrant: CheckpointError
+    (recomputed metadata differs)."""
+    config = lifecycle_config()
+    torch.manual_seed(0)
+    reference = tiny_t5_lora(checkpointing)
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = tiny_t5_lora(checkpointing)
+    load_reference_weights(model, reference)
+    engine = initialize(model, config)
+    reference = reference.to(device=engine.device)
+    engine.train()
+    reference.train()
+
+    def make_inputs(step):
+        generator = torch.Generator().manual_seed(step)
+        return (torch.randint(1, VOCAB, (2, 8), generator=generator).to(engine.device), )
+
+    result = train(engine, reference, make_inputs, steps=steps, exact=False)
+    engine.destroy()
+    return result
+
+
 def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
     """v0.19.2: CheckpointError on the frozen RMSNorm weights (and, under zero.Init, the frozen
     base projections); without input grads the first decoder layer's LoRA weights also leak."""
