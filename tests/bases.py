@@ -182,8 +182,30 @@ def pytest_report_header(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    if installed_base() != "v0.19.8":
+    if installed_base() == "v0.19.8":
+        _expect_v0198(items)
+    _keep_prefix_proof(config, items)
+
+
+def _keep_prefix_proof(config, items):
+    """With ZERO3_PREFIX_PROOF=1 (scripts/prove-series.sh), only what prefix ZERO3_SERIES_PREFIX=n
+    proves runs: the tests of patch n (they pass with it), those of patch n+1 (they still fail: that
+    patch is needed) and the guards. The whole series (tox -e cpu) and pristine (tox -e pristine) run
+    every test."""
+    if os.environ.get("ZERO3_PREFIX_PROOF") != "1":
         return
+    prefix = int(os.environ.get("ZERO3_SERIES_PREFIX", "-1"))
+    proven = {0, prefix, prefix + 1}
+    kept, dropped = [], []
+    for item in items:
+        mark = item.get_closest_marker("needs_patch")
+        (kept if mark is None or mark.args[0] in proven else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _expect_v0198(items):
     missing = []
     for item in items:
         expectation = v0198_expectation(item)
