@@ -159,3 +159,28 @@ def _check_two_rank_tests_skipped(junit, out, proc, log, shortfall):
     # TestEverySize ran its world size 1 before the skip of world size 2, as upstream's harness does.
     assert sorted(p.name for p in out.iterdir()) == ["sizes-ws1-rank0"]
     assert "ran ranks at world size 1" in proc.stdout and "skipped for want of ranks" in proc.stdout, log
+
+
+def test_a_tree_without_upstreams_user_backward_file_runs_with_the_stand_in(tmp_path):
+    """Upstream's lifecycle tests import unit/v1/zero/test_zero_user_backward.py, which the master snapshot
+    leaves out: the runner runs a scratch copy of the tree's tests with the stand-in there, the tree untouched."""
+    tree = tmp_path / "tree"
+    zero = tree / "tests" / "unit" / "v1" / "zero"
+    zero.mkdir(parents=True)
+    (tree / "tests" / "unit" / "__init__.py").write_text("")
+    (tree / "tests" / "unit" / "common.py").write_text("# upstream's harness\n")
+    (zero / "test_lifecycle_like.py").write_text(
+        textwrap.dedent('''
+        from unit.v1.zero.test_zero_user_backward import get_config_dict
+
+
+        def test_stage_3_partitions_every_param():
+            assert get_config_dict(3)["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+        '''))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.upstream_compat.run",
+         str(tree), str(zero / "test_lifecycle_like.py"), "-q"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+    assert sorted(p.name for p in zero.iterdir()) == ["test_lifecycle_like.py"]

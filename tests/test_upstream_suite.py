@@ -78,9 +78,11 @@ def test_a_missing_snapshot_skips_with_its_path(tmp_path):
     assert proc.stdout.startswith(f"skipped: upstream's tests not found at {missing}")
 
 
-def test_series_test_paths_are_the_test_files_the_series_adds(tmp_path):
+def test_series_test_paths_are_the_test_files_the_series_adds_or_modifies(tmp_path):
     tree = tmp_path / "tree"
     _fake_tests(tree)
+    (tree / "tests" / "unit" / "v1" / "zero" / "test_old.py").write_text("")
+    (tree / "tests" / "unit" / "v1" / "zero" / "test_untouched.py").write_text("")
 
     def git(*args):
         subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
@@ -91,8 +93,9 @@ def test_series_test_paths_are_the_test_files_the_series_adds(tmp_path):
     git("commit", "-q", "-m", "base")
     base = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     git("config", "branch.zero3/v9.zero3base", base)
-    (tree / "tests" / "unit" / "common.py").write_text("# changed\n")
+    (tree / "tests" / "unit" / "common.py").write_text("# changed\n")  # a helper, not a test file
     (tree / "tests" / "unit" / "v1" / "zero" / "test_new.py").write_text("")
+    (tree / "tests" / "unit" / "v1" / "zero" / "test_old.py").write_text("def test_added():\n    pass\n")
     git("add", "-A")
     git("commit", "-q", "-m", "series")
-    assert suite.series_test_paths(tree) == ["unit/v1/zero/test_new.py"]
+    assert suite.series_test_paths(tree) == ["unit/v1/zero/test_new.py", "unit/v1/zero/test_old.py"]

@@ -156,9 +156,9 @@ def run(tree, tests, ranks, junit, paths, pytest_args, label=None):
 
 
 def series_test_paths(tree):
-    """The test files under tests/unit that TREE's patch series adds (git diff from the base scripts/apply.sh
-    recorded for the checked-out branch), relative to tests/. Upstream's files that it changes run in the
-    comparison with the pristine release (``compare``; tox -e upstream-v0198)."""
+    """The test files (test_*.py) under tests/unit that TREE's patch series adds or modifies (git diff from the
+    base scripts/apply.sh recorded for the checked-out branch), relative to tests/: the v0.19.8 follow-up puts
+    its tests into upstream's own files, so these hold upstream's tests too."""
     def git(*args):
         return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
     branch = git("symbolic-ref", "-q", "--short", "HEAD")
@@ -166,10 +166,11 @@ def series_test_paths(tree):
     if not base:
         raise SystemExit(f"{tree}: no base recorded by scripts/apply.sh for the checked-out branch; "
                          "name the test files to run")
-    changed = git("diff", "--name-only", "--diff-filter=A", base, "HEAD", "--", "tests/unit").splitlines()
+    changed = [p for p in git("diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "tests/unit").splitlines()
+               if Path(p).name.startswith("test_") and p.endswith(".py")]
     if not changed:
-        raise SystemExit(f"{tree}: the series adds no test file under tests/unit since {base[:12]}")
-    return [str(Path(p).relative_to("tests")) for p in changed if p.endswith(".py")]
+        raise SystemExit(f"{tree}: the series adds or modifies no test file under tests/unit since {base[:12]}")
+    return [str(Path(p).relative_to("tests")) for p in changed]
 
 
 def _summary(outcomes):

@@ -8,10 +8,14 @@ tree's deepspeed package, not an installed one. Test paths may be given relative
 current directory (the tree wins); without any, tests/unit/v1/zero/ runs. A tree that has upstream's own
 tests/unit/common.py (a v0.19.8 tree from apply.sh, a git checkout, a fork) keeps upstream's `unit` package
 instead of the stand-in (its DistributedTest classes run the same way), and without test paths the test
-files its series adds run (tests/upstream_suite.py runs upstream's suite with upstream's own harness). ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL).
-The exit status is pytest's.
+files its series adds or modifies run (tests/upstream_suite.py runs upstream's suite with upstream's own harness).
+When such a tree lacks unit/v1/zero/test_zero_user_backward.py (upstream's master snapshot leaves it out; the
+lifecycle tests import it), its tests run from a scratch copy under build/upstream-compat/ with
+tests/upstream_compat/standins/user_backward.py in that place; the tree itself is not written to.
+ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL). The exit status is pytest's.
 """
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -38,6 +42,14 @@ def _split(tree, args):
     return paths, others
 
 
+def _moved(path, old_dir, new_dir):
+    """PATH (a file, maybe with ::node) under OLD_DIR, as the same place under NEW_DIR; other paths as they are."""
+    file_part, sep, node = path.partition("::")
+    if not Path(file_part).is_relative_to(old_dir):
+        return path
+    return str(new_dir / Path(file_part).relative_to(old_dir)) + sep + node
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -53,6 +65,13 @@ def main(argv=None):
     if not paths and upstream_unit:
         from tests.upstream_suite import series_test_paths
         paths = [str(tree / "tests" / p) for p in series_test_paths(tree)]
+    tests_dir = tree / "tests"
+    if upstream_unit and not (tests_dir / "unit" / "v1" / "zero" / "test_zero_user_backward.py").exists():
+        from tests.upstream_suite import prepare
+        scratch = REPO_ROOT / "build" / "upstream-compat" / (
+            f"{tree.name}-{hashlib.sha1(str(tree).encode()).hexdigest()[:8]}")
+        tests_dir = prepare(tree, None, scratch)[0]
+        paths = [_moved(p, tree / "tests", tests_dir) for p in paths]
     if not paths:
         if not (tree / DEFAULT_TESTS).is_dir():
             print(f"{tree / DEFAULT_TESTS} does not exist and no test path was given", file=sys.stderr)
@@ -64,7 +83,7 @@ def main(argv=None):
     # Order matters: this repository first ("tests" must be ours: the ranks run tests.harness.worker), then the
     # stand-in "unit" package, then the tree's deepspeed. PYTHONPATH carries the same order to the ranks.
     # (upstream's tests import `unit` from tests/, which its conftest.py, not loaded here, puts on sys.path)
-    entries = [str(REPO_ROOT), str(tree / "tests" if upstream_unit else COMPAT_DIR)] + (
+    entries = [str(REPO_ROOT), str(tests_dir if upstream_unit else COMPAT_DIR)] + (
         [str(tree)] if (tree / "deepspeed").is_dir() else [])
     sys.path[:0] = [e for e in entries if e not in sys.path]
     old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in entries]
@@ -75,7 +94,7 @@ def main(argv=None):
         "-p", "tests.upstream_compat.plugin",
         # The tree's own conftest files (none in an sdist tree) are upstream's, not ours, and this repository's
         # pytest.ini must not apply either.
-        "--noconftest", "-c", os.devnull, "--rootdir", str(tree / "tests"), "-p", "no:cacheprovider",
+        "--noconftest", "-c", os.devnull, "--rootdir", str(tests_dir), "-p", "no:cacheprovider",
     ] + others + paths
     return pytest.main(args)
 

@@ -19,6 +19,9 @@ def get_config_dict(stage, gradient_accumulation_steps=1, force_fp32=False):
         "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
         "zero_optimization": {"stage": stage},
     }
+    if stage == 3:
+        # as upstream's: every parameter is partitioned, none kept whole for being small
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     if not force_fp32:
         if get_accelerator().is_bf16_supported():
             config["bf16"] = {"enabled": True}
