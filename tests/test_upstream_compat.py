@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 
 from tests.harness.pool import REPO_ROOT
@@ -184,3 +185,34 @@ def test_a_tree_without_upstreams_user_backward_file_runs_with_the_stand_in(tmp_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert sorted(p.name for p in zero.iterdir()) == ["test_lifecycle_like.py"]
+
+
+def test_runs_of_one_tree_at_once_do_not_share_a_scratch_copy(tmp_path):
+    """Four runs of one tree at once (one per GPU, as on the device machine) each get their own scratch copy:
+    with a shared one, each run deleted the copy the others were running from."""
+    tree = tmp_path / "tree"
+    zero = tree / "tests" / "unit" / "v1" / "zero"
+    zero.mkdir(parents=True)
+    (tree / "tests" / "unit" / "__init__.py").write_text("")
+    (tree / "tests" / "unit" / "common.py").write_text("# upstream's harness\n")
+    (zero / "test_slow.py").write_text(
+        textwrap.dedent('''
+        import os
+        import time
+
+
+        def test_its_copy_stays():
+            time.sleep(4)
+            assert os.path.exists(__file__), "the scratch copy this run runs from was deleted"
+        '''))
+    scratch = REPO_ROOT / "build" / "upstream-compat"
+    before = set(scratch.glob("tree-*"))
+    procs = []
+    for _ in range(2):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.upstream_compat.run", str(tree), str(zero / "test_slow.py"), "-q"],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(2)  # the first run is inside its test when the second one prepares its copy
+    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(outputs)
+    assert set(scratch.glob("tree-*")) == before, "a run left its scratch copy behind"

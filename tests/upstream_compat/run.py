@@ -10,14 +10,17 @@ tests/unit/common.py (a v0.19.8 tree from apply.sh, a git checkout, a fork) keep
 instead of the stand-in (its DistributedTest classes run the same way), and without test paths the test
 files its series adds or modifies run (tests/upstream_suite.py runs upstream's suite with upstream's own harness).
 When such a tree lacks unit/v1/zero/test_zero_user_backward.py (upstream's master snapshot leaves it out; the
-lifecycle tests import it), its tests run from a scratch copy under build/upstream-compat/ with
+lifecycle tests import it), its tests run from a scratch copy under build/upstream-compat/ (one per run,
+removed when it ends) with
 tests/upstream_compat/standins/user_backward.py in that place; the tree itself is not written to.
 ZERO3_TEST_DEVICE=cuda runs on GPUs (NCCL). The exit status is pytest's.
 """
 
-import hashlib
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +71,11 @@ def main(argv=None):
     tests_dir = tree / "tests"
     if upstream_unit and not (tests_dir / "unit" / "v1" / "zero" / "test_zero_user_backward.py").exists():
         from tests.upstream_suite import prepare
-        scratch = REPO_ROOT / "build" / "upstream-compat" / (
-            f"{tree.name}-{hashlib.sha1(str(tree).encode()).hexdigest()[:8]}")
+        # one scratch copy per run: runs of the same tree at once (one per GPU) must not share it
+        parent = REPO_ROOT / "build" / "upstream-compat"
+        parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{tree.name}-", dir=parent))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
         tests_dir = prepare(tree, None, scratch)[0]
         paths = [_moved(p, tree / "tests", tests_dir) for p in paths]
     if not paths:
