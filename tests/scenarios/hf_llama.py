@@ -263,8 +263,16 @@ def trainer_lora(*, steps=3):
     runs its steps, and ZeRO-3 is quiescent afterwards. v0.19.2: CheckpointError."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="zero3-trainer-", ignore_cleanup_errors=True) as output_dir:
-        return _train_with_trainer(output_dir, steps)
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="zero3-trainer-", ignore_cleanup_errors=True) as output_dir:
+            return _train_with_trainer(output_dir, steps)
+    finally:
+        # TrainingArguments(deepspeed=...) registers the ZeRO-3 config with transformers for the whole
+        # process: the next scenario in this rank process would build even its torch reference model
+        # under zero.Init ("RuntimeError: 'weight' must be 2-D")
+        unset_hf_deepspeed_config()
 
 
 def _train_with_trainer(output_dir, steps):
