@@ -60,7 +60,14 @@ _GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up bef
                     "as 0008, 0009, 0011, 0012 and 0013 of the v0.19.2 series; the benchmark's model runs no "
                     "ZeRO-3 module under torch.no_grad, keeps torch's default early stop, has no z3 leaf modules "
                     "and returns no parameter")
+_CPU_SERIES_20 = ("measured on the 20-patch series (cb45bc23b0fe); the series now also has 0020, which looks up a "
+                  "module's backward functions in its own __dict__ when ZeRO-3 registers its hooks, and 0021, which "
+                  "waits on every all-gather of a gather of several parameters at once (GatheredParameters of a "
+                  "list), not the fetches these runs measure")
 generated_historical = {
+    "cpu-bookkeeping.md": _CPU_SERIES_20,
+    "host-overhead.md": _CPU_SERIES_20,
+    "host-overhead-runs/": _CPU_SERIES_20,
     "bench.md": _GPU_BENCH_V0192,
     "bench.png": _GPU_BENCH_V0192,
     "bench-runs/batch4/": _GPU_BENCH_V0192,

@@ -23,6 +23,15 @@ TEST_FILES = ["tests/test_frozen_ckpt.py", "tests/test_hf_llama_peft.py"]
 OUTCOMES = {"passed": "passed", "failed as expected": "failed", "failed": "failed"}
 
 
+def pinned_base(version):
+    """(upstream commit or "-", sdist name, sdist sha256) of VERSION in scripts/pinned-bases.tsv."""
+    for line in (ROOT / "scripts" / "pinned-bases.tsv").read_text().splitlines():
+        fields = line.split("\t")
+        if line and not line.startswith("#") and fields[0] == version:
+            return fields[1], fields[2], fields[3]
+    sys.exit(f"collect-results.py: {version} is not pinned in scripts/pinned-bases.tsv")
+
+
 def first_sentence(doc):
     """The docstring's first sentence (it may span lines), for the matrix's "What it checks"."""
     text = " ".join(doc.split("\n\n", 1)[0].split())
@@ -128,15 +137,19 @@ def main():
             },
         })
     patch_dir = ROOT / "patches" / args.series
-    stamp = stamps.make(patch_dir, deepspeed="0.19.2", trees=columns,
-                        command=("ZERO3_RESULTS_FILE=<file> tox -e pristine / tox -e cpu -- tests/test_frozen_ckpt.py "
-                                 "tests/test_hf_llama_peft.py, then scripts/collect-results.py "
-                                 "v0.19.2=<pristine file> series=<series file> (docs/generated-inputs.md)"))
+    commit, sdist, sha = pinned_base(args.series)
+    suffix = "" if args.series == "v0.19.2" else "-v0198" if args.series == "v0.19.8" else "-backport"
+    stamp = stamps.make(patch_dir, deepspeed=args.series[1:], trees=columns,
+                        command=(f"ZERO3_RESULTS_FILE=<file> tox -e pristine{suffix} / tox -e cpu{suffix} -- "
+                                 "tests/test_frozen_ckpt.py tests/test_hf_llama_peft.py, then scripts/collect-results.py "
+                                 f"--series {args.series} <column>=<pristine file> <column>=<patched file> "
+                                 "(docs/generated-inputs.md)"))
     matrix = {
         "stamp": stamp,
         "schema": "zero3-test-matrix/1",
         "environment": args.environment,
-        "base": "DeepSpeed v0.19.2 (b919284ab1ad6dbc1cb0e06b10386ff74160b586)",
+        "base": f"DeepSpeed {args.series} ({commit})" if commit != "-" else
+                f"DeepSpeed {args.series} (PyPI sdist {sdist}, sha256 {sha})",
         "series": f"patches/{args.series}, {stamp['patches']} patches, series id {stamp['series_id']}",
         "generated": datetime.date.today().isoformat(),
         "columns": [{
