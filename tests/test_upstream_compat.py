@@ -162,14 +162,20 @@ def _check_two_rank_tests_skipped(junit, out, proc, log, shortfall):
     assert "ran ranks at world size 1" in proc.stdout and "skipped for want of ranks" in proc.stdout, log
 
 
-def test_a_tree_without_upstreams_user_backward_file_runs_with_the_stand_in(tmp_path):
-    """Upstream's lifecycle tests import unit/v1/zero/test_zero_user_backward.py, which the master snapshot
-    leaves out: the runner runs a scratch copy of the tree's tests with the stand-in there, the tree untouched."""
+def _tree_without_user_backward(tmp_path):
+    """(tree, its tests/unit/v1/zero): a tree with upstream's harness but not test_zero_user_backward.py."""
     tree = tmp_path / "tree"
     zero = tree / "tests" / "unit" / "v1" / "zero"
     zero.mkdir(parents=True)
     (tree / "tests" / "unit" / "__init__.py").write_text("")
     (tree / "tests" / "unit" / "common.py").write_text("# upstream's harness\n")
+    return tree, zero
+
+
+def test_a_tree_without_upstreams_user_backward_file_runs_with_the_stand_in(tmp_path):
+    """Upstream's lifecycle tests import unit/v1/zero/test_zero_user_backward.py, which the master snapshot
+    leaves out: the runner runs a scratch copy of the tree's tests with the stand-in there, the tree untouched."""
+    tree, zero = _tree_without_user_backward(tmp_path)
     (zero / "test_lifecycle_like.py").write_text(
         textwrap.dedent('''
         from unit.v1.zero.test_zero_user_backward import get_config_dict
@@ -190,11 +196,7 @@ def test_a_tree_without_upstreams_user_backward_file_runs_with_the_stand_in(tmp_
 def test_runs_of_one_tree_at_once_do_not_share_a_scratch_copy(tmp_path):
     """Four runs of one tree at once (one per GPU, as on the device machine) each get their own scratch copy:
     with a shared one, each run deleted the copy the others were running from."""
-    tree = tmp_path / "tree"
-    zero = tree / "tests" / "unit" / "v1" / "zero"
-    zero.mkdir(parents=True)
-    (tree / "tests" / "unit" / "__init__.py").write_text("")
-    (tree / "tests" / "unit" / "common.py").write_text("# upstream's harness\n")
+    tree, zero = _tree_without_user_backward(tmp_path)
     (zero / "test_slow.py").write_text(
         textwrap.dedent('''
         import os

@@ -1,6 +1,8 @@
 """Hugging Face's real client path: a tiny Llama (random init from a config, nothing downloaded)
 with PEFT LoRA adapters and ``gradient_checkpointing_enable()`` (non-reentrant)."""
 
+import functools
+import importlib.util
 import math
 
 import pytest
@@ -63,6 +65,48 @@ def tiny_llama_lora(input_grads):
     return CausalLMLoss(model)
 
 
+def _finish_peft_model(model, checkpointing):
+    """Turns on the checkpointing asked for and gives LoRA B non-zero weights (at zero, every LoRA A
+    gradient of the first step would be zero)."""
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return model
+
+
+def _train_from_reference(factory, make_inputs, *, steps, prepare=None, check=None):
+    """The torch reference from factory(), then the ZeRO-3 model from the same seed under zero.Init
+    with the reference's weights (``prepare(model)`` before deepspeed.initialize, ``check(engine)``
+    after it); trains both side by side on make_inputs(step, device)."""
+    config = lifecycle_config()
+    torch.manual_seed(0)
+    reference = factory()
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = factory()
+    load_reference_weights(model, reference)
+    if prepare is not None:
+        prepare(model)
+    engine = initialize(model, config)
+    if check is not None:
+        check(engine)
+    reference = reference.to(device=engine.device)
+    engine.train()
+    reference.train()
+    try:
+        return train(engine, reference, lambda step: make_inputs(step, engine.device), steps=steps, exact=False)
+    finally:
+        engine.destroy()
+
+
+def _token_ids(step, device, *, low=0):
+    """(ids of shape (2, 8), the generator that drew them), seeded by the step."""
+    generator = torch.Generator().manual_seed(step)
+    return torch.randint(low, VOCAB, (2, 8), generator=generator).to(device), generator
+
+
 class ClassificationLoss(torch.nn.Module):
     """Makes a sequence classifier's loss the module output."""
 
@@ -88,39 +132,20 @@ def tiny_llama_lora_classifier(checkpointing):
     model.config.pad_token_id = 0
     lora = LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, lora_dropout=0.0,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    model = get_peft_model(model, lora, autocast_adapter_dtype=False)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
-    for name, param in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.02)
-    return ClassificationLoss(model)
+    return ClassificationLoss(_finish_peft_model(get_peft_model(model, lora, autocast_adapter_dtype=False), checkpointing))
 
 
 def llama_lora_classifier(*, checkpointing="non-reentrant", steps=2):
     """PEFT LoRA sequence classification (modules_to_save head) under zero.Init. v0.19.2, with or
     without checkpointing: AttributeError: 'Linear' object has no attribute 'ds_grads_remaining' in
     the first forward (the wrapper forwards hasattr(wrapper, "post_bwd_fn") to the head it wraps)."""
-    config = lifecycle_config()
-    torch.manual_seed(0)
-    reference = tiny_llama_lora_classifier(checkpointing)
-    torch.manual_seed(0)
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = tiny_llama_lora_classifier(checkpointing)
-    load_reference_weights(model, reference)
-    engine = initialize(model, config)
-    reference = reference.to(device=engine.device)
-    engine.train()
-    reference.train()
 
-    def make_inputs(step):
-        generator = torch.Generator().manual_seed(step)
-        ids = torch.randint(1, VOCAB, (2, 8), generator=generator)
-        return ids.to(engine.device), torch.randint(0, 3, (2, ), generator=generator).to(engine.device)
+    def make_inputs(step, device):
+        ids, generator = _token_ids(step, device, low=1)  # 0 is the padding token
+        return ids, torch.randint(0, 3, (2, ), generator=generator).to(device)
 
-    result = train(engine, reference, make_inputs, steps=steps, exact=False)
-    engine.destroy()
-    return result
+    return _train_from_reference(functools.partial(tiny_llama_lora_classifier, checkpointing), make_inputs,
+                                 steps=steps)
 
 
 def tiny_mixtral_lora(checkpointing):
@@ -133,12 +158,7 @@ def tiny_mixtral_lora(checkpointing):
                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
                            num_experts_per_tok=2, max_position_embeddings=64, tie_word_embeddings=False)
     model = get_peft_model(MixtralForCausalLM(config), lora_config(), autocast_adapter_dtype=False)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
-    for name, param in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.02)
-    return CausalLMLoss(model)
+    return CausalLMLoss(_finish_peft_model(model, checkpointing))
 
 
 def mixtral_lora(*, checkpointing="non-reentrant", steps=2):
@@ -150,28 +170,20 @@ def mixtral_lora(*, checkpointing="non-reentrant", steps=2):
 
     from deepspeed.utils import set_z3_leaf_modules, z3_leaf_module
 
-    config = lifecycle_config()
-    torch.manual_seed(0)
-    reference = tiny_mixtral_lora(checkpointing)
-    torch.manual_seed(0)
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = tiny_mixtral_lora(checkpointing)
-    load_reference_weights(model, reference)
-    if not any(z3_leaf_module(module) for module in model.modules()):
-        set_z3_leaf_modules(model, [MixtralSparseMoeBlock])
-    engine = initialize(model, config)
-    assert sum(z3_leaf_module(module) for module in engine.module.modules()) == 2, "the MoE blocks are z3 leaves"
-    reference = reference.to(device=engine.device)
-    engine.train()
-    reference.train()
+    def leaves_by_hand(model):
+        # releases before zero_optimization.leaf_module (whose default classes v0.19.8 applies in
+        # deepspeed.initialize) have no default leaves
+        if importlib.util.find_spec("deepspeed.runtime.zero.leaf_module_config") is None:
+            set_z3_leaf_modules(model, [MixtralSparseMoeBlock])
 
-    def make_inputs(step):
-        generator = torch.Generator().manual_seed(step)
-        return (torch.randint(0, VOCAB, (2, 8), generator=generator).to(engine.device), )
+    def two_leaves(engine):
+        assert sum(z3_leaf_module(module) for module in engine.module.modules()) == 2, "the MoE blocks are z3 leaves"
 
-    result = train(engine, reference, make_inputs, steps=steps, exact=False)
-    engine.destroy()
-    return result
+    return _train_from_reference(functools.partial(tiny_mixtral_lora, checkpointing),
+                                 lambda step, device: _token_ids(step, device)[:1],
+                                 steps=steps,
+                                 prepare=leaves_by_hand,
+                                 check=two_leaves)
 
 
 class Seq2SeqLoss(torch.nn.Module):
@@ -195,36 +207,14 @@ def tiny_t5_lora(checkpointing):
                       num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
     lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q", "v"])
     model = get_peft_model(T5ForConditionalGeneration(config), lora, autocast_adapter_dtype=False)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
-    for name, param in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.02)
-    return Seq2SeqLoss(model)
+    return Seq2SeqLoss(_finish_peft_model(model, checkpointing))
 
 
 def t5_lora(*, checkpointing="non-reentrant", steps=2):
     """An encoder-decoder with LoRA under zero.Init. v0.19.2, non-reentrant: CheckpointError
     (recomputed metadata differs)."""
-    config = lifecycle_config()
-    torch.manual_seed(0)
-    reference = tiny_t5_lora(checkpointing)
-    torch.manual_seed(0)
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = tiny_t5_lora(checkpointing)
-    load_reference_weights(model, reference)
-    engine = initialize(model, config)
-    reference = reference.to(device=engine.device)
-    engine.train()
-    reference.train()
-
-    def make_inputs(step):
-        generator = torch.Generator().manual_seed(step)
-        return (torch.randint(1, VOCAB, (2, 8), generator=generator).to(engine.device), )
-
-    result = train(engine, reference, make_inputs, steps=steps, exact=False)
-    engine.destroy()
-    return result
+    return _train_from_reference(functools.partial(tiny_t5_lora, checkpointing),
+                                 lambda step, device: _token_ids(step, device, low=1)[:1], steps=steps)
 
 
 def llama_lora(*, input_grads=False, zero_init=True, dtype="fp32", steps=2):
