@@ -47,23 +47,14 @@ invariants_tests_page = "test-matrix"
 # measured; the build fails when one differs from patches/ now (docs/_ext/stamps.py), except for
 # the inputs below, which the page labels, beside them, with the revision they measured.
 generated_dir = "_generated"
-# ({path relative to generated_dir: why}.)
-_GPU_BENCH_V0192 = ("the GPU benchmark (one H200), measured on series-8; series-14 adds 0008, which skips "
-                    "ZeRO-3's backward-hook wrapping while grad is disabled, 0009, which keeps more only when a "
-                    "recompute without early stop runs inside a module's own backward, 0010, 0011 and 0013, which "
-                    "change only models with z3 leaf modules, 0012, which changes only a module that returns its "
-                    "own parameter, and 0007's cases of an input whose grad never comes and of a released external "
-                    "parameter; the benchmark's models run no ZeRO-3 module under torch.no_grad (the reentrant "
-                    "variant runs pristine v0.19.2), keep torch's default early stop, have no z3 leaf modules, "
-                    "return no parameter and use every input")
-_GPU_BENCH_V0198 = ("the GPU benchmark (one H200), measured on the follow-up before PRs 7 to 11, the same changes "
-                    "as 0008, 0009, 0011, 0012 and 0013 of the v0.19.2 series; the benchmark's model runs no "
-                    "ZeRO-3 module under torch.no_grad, keeps torch's default early stop, has no z3 leaf modules "
-                    "and returns no parameter")
-_CPU_SERIES_20 = ("measured on the 20-patch series (cb45bc23b0fe); the series now also has 0020, which looks up a "
-                  "module's backward functions in its own __dict__ when ZeRO-3 registers its hooks, and 0021, which "
-                  "waits on every all-gather of a gather of several parameters at once (GatheredParameters of a "
-                  "list), not the fetches these runs measure")
+# ({path relative to generated_dir: why}.) The note above such an input gives the revision it
+# measured and the series' size then and now (docs/_ext/generated.py); the reason says why it was
+# not measured again, so that it does not go stale as patches are added.
+_GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the current series: it needs a GPU, "
+                    "and the runs since then went to the test suite")
+_GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
+                    "and the runs since then went to the test suite and to the batches' GPU paths")
+_CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
 generated_historical = {
     "cpu-bookkeeping.md": _CPU_SERIES_20,
     "host-overhead.md": _CPU_SERIES_20,
@@ -81,6 +72,8 @@ html_theme = "furo"
 html_title = "zero3-frozen-ckpt"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
+# wide tables, diagrams and charts get a scroll cue over their edge (see custom.css)
+html_js_files = ["scroll-cue.js"]
 html_last_updated_fmt = None
 html_show_sourcelink = False
 html_copy_source = False

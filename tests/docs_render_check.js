@@ -15,6 +15,8 @@
   ];
   const MIN_CONTRAST = 4.5;
   const MIN_DIAGRAM_TEXT_PX = 9;
+  // The charts' smallest text is matplotlib's 8 pt at 120 dpi, 13 px: at 70 % it is still 9 px.
+  const MIN_IMAGE_SCALE = 0.7;
 
   function rgba(text) {
     const m = /^rgba?\(([\d.]+),? ([\d.]+),? ([\d.]+)(?:,? \/? ?([\d.]+))?\)$/.exec(text.trim());
@@ -69,13 +71,31 @@
     return null;
   }
 
-  function hasCue(box) {
-    // A visible cue that there is more to the right: scroll shadows (a gradient background) or a
-    // hint element shown beside the box.
-    const style = getComputedStyle(box);
-    if (style.backgroundImage && style.backgroundImage.includes("gradient")) return true;
-    const hint = box.parentElement && box.parentElement.querySelector(":scope > .scroll-hint");
-    return !!(hint && hint.getBoundingClientRect().height > 0);
+  function rightCue(box) {
+    // The cue that there is more to the right, as the reader sees it: a .scroll-cue element at the
+    // box's right edge, drawn (size, opacity, visibility) and painted above the box's content. The
+    // paint order is the browser's own: with the cue made hit-testable for a moment,
+    // elementFromPoint at its centre must return the cue, not a table cell or a diagram over it.
+    // (A gradient background on the box itself is painted under its content: an opaque cell or a
+    // diagram's white background hides it.)
+    const b = box.getBoundingClientRect();
+    const frame = box.parentElement;
+    const cues = frame ? [...frame.querySelectorAll(":scope > .scroll-cue-right")] : [];
+    for (const cue of cues) {
+      const r = cue.getBoundingClientRect();
+      const style = getComputedStyle(cue);
+      if (r.width < 4 || r.height < 16 || style.visibility !== "visible" || +style.opacity < 0.5) continue;
+      if (Math.abs(r.right - b.right) > 2 || r.top > b.top + 1 || r.bottom < b.bottom - 1) continue;
+      // elementFromPoint sees only the viewport: bring the cue's top into it first
+      cue.scrollIntoView({block: "start", inline: "nearest", behavior: "instant"});  // furo scrolls smoothly
+      const seen = cue.getBoundingClientRect();
+      const saved = cue.style.pointerEvents;
+      cue.style.pointerEvents = "auto";
+      const top = document.elementFromPoint(seen.left + seen.width / 2, seen.top + Math.min(seen.height / 2, 200));
+      cue.style.pointerEvents = saved;
+      if (top === cue) return true;
+    }
+    return false;
   }
 
   function measure() {
@@ -107,10 +127,59 @@
       const b = box.getBoundingClientRect();
       if (b.width > colRect.width + 1)
         out.problems.push(`the scroll box of ${describe(el)} is itself wider than the column`);
-      if (!hasCue(box))
+      // At its initial position the box hides what is past its right edge: that needs a cue.
+      if (box.scrollWidth > box.clientWidth + 1 && box.scrollLeft === 0 && !rightCue(box))
         out.problems.push(`${describe(el)} (${Math.round(r.width)} px) scrolls in a ${Math.round(b.width)} px box without a visible cue`);
     }
     out.counts.wide = wide;
+    window.scrollTo({top: 0, left: 0, behavior: "instant"});  // rightCue scrolled the page to each cue
+
+    // 2a. A test matrix shows its results without scrolling: every outcome column (the patched
+    // tree's above all) lies inside the visible part of the table's box.
+    for (const table of column.querySelectorAll("table.test-matrix")) {
+      const box = scroller(table, column) || column;
+      const visible = box.getBoundingClientRect();
+      for (const th of table.querySelectorAll("thead th.matrix-result")) {
+        const r = th.getBoundingClientRect();
+        if (r.right > Math.min(visible.right, colRect.right) + 1 || r.left < visible.left - 1)
+          out.problems.push(`test matrix: the result column "${th.textContent.trim()}" is cut off ` +
+            `(${Math.round(r.left)}-${Math.round(r.right)} px, visible ${Math.round(visible.left)}-${Math.round(Math.min(visible.right, colRect.right))} px)`);
+      }
+      if (!table.querySelector("thead th.matrix-result"))
+        out.problems.push("test matrix: no result column is marked (th.matrix-result)");
+    }
+
+    // 2c. A figure's caption belongs to its own figure: it sits closer to its figure's content
+    // above it than to whatever follows the figure (another figure, whose caption it must not
+    // look like a title of).
+    for (const fig of column.querySelectorAll("figure")) {
+      const caption = fig.querySelector(":scope > figcaption");
+      const next = fig.nextElementSibling;
+      if (!caption || !next) continue;
+      const media = [...fig.children].filter(c => c !== caption && c.getBoundingClientRect().height > 0);
+      if (!media.length) continue;
+      const ownGap = caption.getBoundingClientRect().top - Math.max(...media.map(m => m.getBoundingClientRect().bottom));
+      const nextGap = next.getBoundingClientRect().top - caption.getBoundingClientRect().bottom;
+      if (nextGap < 2 * Math.max(ownGap, 4))
+        out.problems.push(`${describe(caption)}: ${Math.round(nextGap)} px from the next element, ` +
+          `${Math.round(ownGap)} px from its own figure: it reads as the next one's title`);
+    }
+
+    // 2d. Charts (images in figures) are drawn at no less than MIN_IMAGE_SCALE of their size, so
+    // that their legend and tick labels stay readable: a narrower column scrolls them instead.
+    let images = 0;
+    for (const img of column.querySelectorAll("figure img")) {
+      if (!img.naturalWidth) {
+        out.problems.push(`${img.getAttribute("src")}: image not loaded`);
+        continue;
+      }
+      images++;
+      const scale = img.getBoundingClientRect().width / img.naturalWidth;
+      if (scale < MIN_IMAGE_SCALE)
+        out.problems.push(`${img.getAttribute("src")}: drawn at ${Math.round(scale * 100)} % of its size ` +
+          `(${Math.round(img.getBoundingClientRect().width)} of ${img.naturalWidth} px): its labels are unreadable`);
+    }
+    out.counts.images = images;
 
     // 2b. No table starts with a blank header row (a Markdown key/value table's `| | |`).
     for (const head of column.querySelectorAll("thead")) {

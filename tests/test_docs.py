@@ -711,6 +711,25 @@ def test_rendered_pages(site, tmp_path_factory, theme, width):
     assert not problems, f"rendering problems ({theme}, {width}, {size} px):\n" + "\n".join(problems)
 
 
+def test_stale_figure_notes_are_sentences_that_say_how_far_behind(site):
+    """The note above an input measured on an earlier revision ends with a full stop and gives the
+    series' size then and now, read from patches/ at build time, so that its reason cannot stop at
+    some older revision."""
+    notes = []
+    for page in _built_pages(site):
+        for note in re.findall(r'<p class="stamp-note">(.*?)</p>', page.read_text(encoding="utf-8"), re.S):
+            notes.append((page.name, html.unescape(re.sub(r"<[^>]+>", "", note)).strip()))
+    assert notes, "no page shows a stamp note: the RFC includes inputs measured on earlier revisions"
+    counts = {d.name: len(stamps.series_patches(d)) for d in (ROOT / "patches").iterdir() if (d / "series").is_file()}
+    for name, text in notes:
+        assert text.endswith("."), f"{name}: the stamp note does not end with a full stop: {text[-80:]!r}"
+        assert not text.endswith("..") and ".. " not in text, f"{name}: a doubled full stop in {text!r}"
+        match = re.search(r"was measured on the (\S+) series at \w+, (\d+) patches .*the series is now \w+, (\d+) patches",
+                          text)
+        assert match, f"{name}: the stamp note does not give the series' size then and now: {text!r}"
+        assert int(match.group(3)) == counts[match.group(1)], (name, text)
+
+
 def _built_pages(site):
     return sorted(p for p in site.rglob("*.html") if "_static" not in p.parts)
 

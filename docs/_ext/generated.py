@@ -174,19 +174,22 @@ def setup(app):
         if why is None:
             return []
         stamp = stamps.read(path) or {}
+        series_dir = patches_root(env) / stamp.get("series", "")
         try:
-            now = stamps.series_id(patches_root(env) / stamp.get("series", ""))
+            now, now_patches = stamps.series_id(series_dir), len(stamps.series_patches(series_dir))
         except stamps.StampError:
-            now = "unknown"
+            now, now_patches = "unknown", "?"
         para = nodes.paragraph(classes=["stamp-note"])
         para += nodes.strong(text="Measured on an earlier revision. ")
-        para += nodes.Text(f"{rel} was measured on series {stamp.get('series')} at ")
+        para += nodes.Text(f"{rel} was measured on the {stamp.get('series')} series at ")
         para += nodes.literal(text=stamp.get("series_id", "?"))
-        para += nodes.Text(f" ({stamp.get('patches')} patches; DeepSpeed {stamp.get('deepspeed')}; trees: "
-                           f"{', '.join(stamp.get('trees', []))}), not on the current series ")
+        para += nodes.Text(f", {stamp.get('patches')} patches (DeepSpeed {stamp.get('deepspeed')}; trees: "
+                           f"{', '.join(stamp.get('trees', []))}); the series is now ")
         para += nodes.literal(text=now)
-        para += nodes.Text(f". {why} Regenerate with: ")
+        para += nodes.Text(f", {now_patches} patches, and these figures were not measured on it. {why.rstrip('.')}. "
+                           "Regenerate with: ")
         para += nodes.literal(text=stamp.get("command", "?"))
+        para += nodes.Text(".")
         return [para]
 
     def check_stamps(app):
@@ -235,7 +238,8 @@ def setup(app):
                 if "width" in self.options:
                     image["width"] = self.options["width"]
                 if "caption" in self.options:
-                    figure = nodes.figure("", image)
+                    # a box of its own, which scrolls a chart kept readable on a narrow screen
+                    figure = nodes.figure("", nodes.container("", image, classes=["chart-scroll"]))
                     inodes, messages = self.parse_inline(self.options["caption"])
                     figure += nodes.caption(self.options["caption"], "", *inodes)
                     return note + [figure] + messages
@@ -267,15 +271,20 @@ def setup(app):
                 para = nodes.paragraph(classes=["matrix-meta"])
                 para += nodes.Text("; ".join(str(m) for m in meta) + ".")
                 result.append(para)
+            # The results come right after the scenario's name, so that they are on screen
+            # whatever the width: a reader looks for the patched tree's outcome first.
             table = nodes.table(classes=["test-matrix"])
             group = nodes.tgroup(cols=3 + len(columns))
             table += group
-            for width in [22, 34, 10] + [12] * len(columns):
+            for width in [24] + [11] * len(columns) + [34, 9]:
                 group += nodes.colspec(colwidth=width)
             head = nodes.thead()
             group += head
             row = nodes.row()
-            for title in ["Scenario", "What it checks", "Invariants"] + [c["title"] for c in columns]:
+            row += nodes.entry("", nodes.paragraph(text="Scenario"))
+            for col in columns:
+                row += nodes.entry("", nodes.paragraph(text=col["title"]), classes=["matrix-result"])
+            for title in ["What it checks", "Invariants"]:
                 row += nodes.entry("", nodes.paragraph(text=title))
             head += row
             body = nodes.tbody()
@@ -288,6 +297,16 @@ def setup(app):
                 entry += para
                 entry += nodes.paragraph("", "", breakable_literal(sc["id"]))
                 row += entry
+                for col in columns:
+                    value = cell(sc["results"][col["key"]])
+                    text, css = OUTCOMES[value["outcome"]]
+                    entry = nodes.entry(classes=[css])
+                    para = nodes.paragraph()
+                    para += nodes.inline(text=text, classes=["outcome", css])
+                    entry += para
+                    if value["detail"]:
+                        entry += nodes.paragraph(text=value["detail"], classes=["outcome-detail"])
+                    row += entry
                 row += nodes.entry("", nodes.paragraph(text=sc["checks"]))
                 entry = nodes.entry()
                 para = nodes.paragraph()
@@ -299,16 +318,6 @@ def setup(app):
                     para += ref
                 entry += para
                 row += entry
-                for col in columns:
-                    value = cell(sc["results"][col["key"]])
-                    text, css = OUTCOMES[value["outcome"]]
-                    entry = nodes.entry(classes=[css])
-                    para = nodes.paragraph()
-                    para += nodes.inline(text=text, classes=["outcome", css])
-                    entry += para
-                    if value["detail"]:
-                        entry += nodes.paragraph(text=value["detail"], classes=["outcome-detail"])
-                    row += entry
                 body += row
             result.append(table)
             return result
