@@ -61,6 +61,19 @@ def batches_of(patch_dir):
     return batches
 
 
+def am(tree, patch):
+    """git am PATCH in TREE without a 3-way merge, as "prove" when the patch names no author (the committed
+    patches name none), committed at the patch's own date: the same patches on the same base give the same
+    commit ids. False, and the am aborted, when it does not apply."""
+    text = sh("awk", "-v", "from=From: prove <prove@localhost>", "-f", REPO / "scripts" / "patch-author.awk",
+              patch).stdout
+    if sh("git", "-C", tree, "-c", "user.name=prove", "-c", "user.email=prove@localhost", "am", "--quiet",
+          "--no-3way", "--committer-date-is-author-date", stdin=text, check=False).returncode == 0:
+        return True
+    sh("git", "-C", tree, "am", "--abort", check=False)
+    return False
+
+
 def series_test_files(tree, base):
     """The test files (test_*.py) under tests/unit that base..HEAD of TREE adds or modifies, relative to TREE."""
     out = sh("git", "-C", tree, "diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "tests/unit").stdout
@@ -197,16 +210,10 @@ def main():
         if tree.exists():
             shutil.rmtree(tree)
         sh("git", "clone", "--quiet", "--shared", pristine, tree)
-        applied = True
-        for patch in patches:
-            text = sh("awk", "-v", "from=From: prove <prove@localhost>", "-f", REPO / "scripts" / "patch-author.awk",
-                      patch_dir / patch).stdout
-            if sh("git", "-C", tree, "-c", "user.name=prove", "-c", "user.email=prove@localhost", "am", "--quiet",
-                  "--no-3way", stdin=text, check=False).returncode != 0:
-                print(f"batch {name}: {patch} does NOT apply alone on {args.version}")
-                applied = ok = False
-                break
-        if not applied:
+        failing = next((patch for patch in patches if not am(tree, patch_dir / patch)), None)
+        if failing:
+            print(f"batch {name}: {failing} does NOT apply alone on {args.version}")
+            ok = False
             continue
         own = own_tests(files, tree, pristine_texts)
         own_ids = {t for t in after if function_of(t) in own}
