@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Count the RFC's words, body and appendices: python3 rfc/wordcount.py [FILE]
 (default: rfc/zero3-parameter-lifecycle.md). The body ends at the first "## Appendix" heading.
+tests/test_docs.py holds the limits, on the prose counts: body <= 5,000 words, in all <= 12,000.
 
 Two counts for each part:
 
@@ -54,10 +55,15 @@ def words(text, rendered=False):
     return len(" ".join(kept).split())
 
 
+def split(text):
+    """The body (up to the first "## Appendix" heading) and the appendices."""
+    start = re.search(r"(?m)^## Appendix", text)
+    return (text[:start.start()], text[start.start():]) if start else (text, "")
+
+
 if __name__ == "__main__":
     path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "zero3-parameter-lifecycle.md"
-    text = path.read_text(encoding="utf-8")
-    split = re.search(r"(?m)^## Appendix", text)
-    body, appendices = (text[:split.start()], text[split.start():]) if split else (text, "")
+    body, appendices = split(path.read_text(encoding="utf-8"))
     print(f"{path}: body {words(body)} words of prose, {words(body, rendered=True)} as rendered; "
-          f"appendices {words(appendices)} of prose, {words(appendices, rendered=True)} as rendered")
+          f"appendices {words(appendices)} of prose, {words(appendices, rendered=True)} as rendered; "
+          f"in all {words(body) + words(appendices)} of prose (tests/test_docs.py: body <= 5000, in all <= 12000)")

@@ -19,6 +19,7 @@ Environment knobs for development:
 
 import html
 import html.parser
+import importlib.util
 import json
 import os
 import re
@@ -404,6 +405,194 @@ def test_generated_inputs_carry_the_current_series_stamp():
     exec(compile((DOCS / "conf.py").read_text(encoding="utf-8"), str(DOCS / "conf.py"), "exec"), conf)
     problems = stamps.check(DOCS / "_generated", ROOT / "patches", conf["generated_historical"])
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- length and numbers of the documents
+
+README = ROOT / "README.md"
+README_MAX_WORDS = 1500
+RFC_BODY_MAX_WORDS, RFC_TOTAL_MAX_WORDS = 5000, 12000
+# The pages whose numbers this project writes by hand (the guides other than the quickstart are
+# their own authors' to check).
+FIGURE_DOCS = [README, RFC, DOCS / "index.md", DOCS / "test-matrix.md", DOCS / "guide" / "quickstart.md"]
+GENERATED = DOCS / "_generated"
+
+
+def _wordcount():
+    spec = importlib.util.spec_from_file_location("wordcount", ROOT / "rfc" / "wordcount.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rfc_within_its_word_limits():
+    """rfc/wordcount.py's prose count: the body (up to the first appendix) and the whole file."""
+    wordcount = _wordcount()
+    body, appendices = wordcount.split(RFC.read_text(encoding="utf-8"))
+    body_words, total = wordcount.words(body), wordcount.words(body) + wordcount.words(appendices)
+    assert body_words <= RFC_BODY_MAX_WORDS, f"the RFC's body has {body_words} words (limit {RFC_BODY_MAX_WORDS})"
+    assert total <= RFC_TOTAL_MAX_WORDS, f"the RFC has {total} words in all (limit {RFC_TOTAL_MAX_WORDS})"
+
+
+def test_readme_within_its_word_limit():
+    words = len(README.read_text(encoding="utf-8").split())  # as `wc -w` counts
+    assert words <= README_MAX_WORDS, f"README.md has {words} words (limit {README_MAX_WORDS})"
+
+
+def _prose_blocks(path):
+    """(first line, text) of each paragraph, list item or table row of a Markdown file, with code
+    (fenced blocks but {invariant} bodies, which are prose; inline code but series ids) removed."""
+    blocks, current, start, fence = [], [], 0, None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        opening = re.match(r"^(`{3,})(\S*)", line)
+        if fence is None and opening:
+            fence = opening.group(1) if opening.group(2) != "{invariant}" else opening.group(1) + "prose"
+            continue
+        if fence is not None:
+            if line.strip() == fence.replace("prose", ""):
+                fence = None
+                continue
+            if not fence.endswith("prose") or line.startswith(":"):
+                continue
+        starts_new = not line.strip() or re.match(r"^\s*([-*] |\d+\. |\|)", line)
+        if starts_new and current:
+            blocks.append((start, " ".join(current)))
+            current = []
+        if line.strip():
+            if not current:
+                start = number
+            # inline code is not prose, but a series id in it names the revision a count refers to
+            current.append(re.sub(r"`([^`]*)`", lambda m: m.group(1) if re.fullmatch(r"[0-9a-f]{12}", m.group(1))
+                                  else " ", line))
+    if current:
+        blocks.append((start, " ".join(current)))
+    return blocks
+
+
+# A measured figure: a number with a unit, or a count of tests or scenarios. Versions, dates in
+# links, line numbers and invariant ids are not figures.
+FIGURE = re.compile(r"(?<![\w.])(?!0\d)(\d[\d,]*(?:\.\d+)?)(?:\s?(?:GiB|MiB|GB|MB|ms|s|%|×|bytes)\b|"
+                    r"(?= (?:of \d[\d,]* )?(?:scenarios?|tests?|passed|failed|skipped|xfail)))")
+SOURCE = re.compile(r"<!-- figures: ([^>]+?) -->")
+
+
+def _matrix_numbers(data):
+    """The counts a page may quote from a test matrix: scenarios in all, and per pair of outcomes
+    (pristine, patched), e.g. failed on the release and passed with the series."""
+    def outcome(value):
+        return value["outcome"] if isinstance(value, dict) else value
+
+    first, last = data["columns"][0]["key"], data["columns"][-1]["key"]
+    pairs = {}
+    for scenario in data["scenarios"]:
+        key = (outcome(scenario["results"][first]), outcome(scenario["results"][last]))
+        pairs[key] = pairs.get(key, 0) + 1
+    return {str(len(data["scenarios"]))} | {str(n) for n in pairs.values()}
+
+
+def _source_numbers(name):
+    path = GENERATED / name
+    assert path.is_file(), f"figures are said to come from docs/_generated/{name}, which does not exist"
+    text = path.read_text(encoding="utf-8")
+    numbers = set(re.findall(r"\d[\d,]*(?:\.\d+)?", text))
+    if path.suffix == ".json":
+        numbers |= _matrix_numbers(json.loads(text))
+    return numbers
+
+
+def test_every_figure_comes_from_a_generated_file():
+    """A paragraph, list item or table row that quotes a measured figure names the generated
+    file(s) it comes from in a comment, <!-- figures: test-matrix.json -->, and every figure in it
+    is a number of that file (for a test matrix, also its counts of scenarios per outcome): a figure
+    typed by hand, or left behind when the file was regenerated, fails here."""
+    problems = []
+    for path in FIGURE_DOCS:
+        for line, text in _prose_blocks(path):
+            figures = [m.group(1) for m in FIGURE.finditer(SOURCE.sub(" ", text))]
+            if not figures:
+                continue
+            names = [n for m in SOURCE.finditer(text) for n in m.group(1).split()]
+            where = f"{os.path.relpath(path, ROOT)}:{line}"
+            if not names:
+                problems.append(f"{where}: figures {figures} name no generated source (<!-- figures: FILE -->)")
+                continue
+            known = set().union(*(_source_numbers(n) for n in names))
+            stray = [f for f in figures if f not in known]
+            if stray:
+                problems.append(f"{where}: {stray} are not in {', '.join(names)}")
+    assert not problems, "\n".join(problems)
+
+
+_NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four".split())}
+_COUNT = re.compile(r"(?<![\w.])(\d+|" + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True)) +
+                    r")[ -](patch(?:es)?|PRs?|pull requests|batch(?:es)?)\b", re.I)
+
+
+def _batches():
+    lines = (ROOT / "patches" / "v0.19.8" / "batches").read_text(encoding="utf-8").splitlines()
+    return {parts[0]: parts[1:] for parts in (l.split() for l in lines if l.strip() and not l.startswith("#"))}
+
+
+def test_counts_of_patches_and_batches_match_patches():
+    """"N patches", "N PRs", "N batches" in the documents: a count of batches is the number of
+    batches of the follow-up; a count of patches or PRs is the size of the series, or batch, that the
+    same sentence names (an earlier revision by the series id a generated input is stamped with, a
+    batch by its name, the follow-up where it says v0.19.8 or follow-up, else the v0.19.2 series)."""
+    batches = _batches()
+    size = {name: len(stamps.series_patches(ROOT / "patches" / name)) for name in ("v0.19.2", "v0.19.8")}
+    # an earlier revision, named by the series id of the generated input that measured it
+    measured = {stamp["series_id"]: stamp["patches"] for stamp in map(stamps.read, sorted(p for p in GENERATED.rglob("*") if p.suffix in (".md", ".json", ".png")))
+                if stamp}
+    problems = []
+    for path in FIGURE_DOCS:
+        for line, text in _prose_blocks(path):
+            for sentence in re.split(r"(?<=[.;:])\s", text):
+                for match in _COUNT.finditer(sentence):
+                    word = match.group(1).lower()
+                    count = int(word) if word.isdigit() else _NUMBER_WORDS[word]
+                    revisions = [r for r in re.findall(r"\b[0-9a-f]{12}\b", sentence) if r in measured]
+                    if match.group(2).lower().startswith("batch"):
+                        expected, what = len(batches), "batches"
+                    elif revisions:
+                        expected, what = measured[revisions[0]], f"the revision {revisions[0]}"
+                    else:
+                        named = [b for b in batches if b in sentence]
+                        if named:
+                            expected, what = len(batches[named[0]]), f"the batch {named[0]}"
+                        elif re.search(r"v0\.19\.8|follow-up", sentence):
+                            expected, what = size["v0.19.8"], "the v0.19.8 follow-up"
+                        else:
+                            expected, what = size["v0.19.2"], "the v0.19.2 series"
+                    if count != expected:
+                        problems.append(f"{os.path.relpath(path, ROOT)}:{line}: '{match.group(0)}', but {what} has {expected}")
+    assert not problems, "\n".join(problems)
+
+
+def test_rfc_patch_table_lists_the_v0192_series():
+    """Appendix C's table has one row per patch of patches/v0.19.2/series, in order: a patch added
+    to or dropped from the series fails here until the RFC says what it does."""
+    text = RFC.read_text(encoding="utf-8")
+    appendix = text[text.index("## Appendix C"):text.index("## Appendix D")]
+    rows = re.findall(r"(?m)^\| (\d{4}) \|", appendix)
+    series = [p.name[:4] for p in stamps.series_patches(ROOT / "patches" / "v0.19.2")]
+    assert rows == series, f"the RFC's Appendix C lists patches {rows}; patches/v0.19.2/series has {series}"
+
+
+def test_figure_checks_catch_stale_and_unsourced_figures(tmp_path, monkeypatch):
+    """The two checks above fail on what they are meant to catch."""
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(sys.modules[__name__], "FIGURE_DOCS", [page])
+    page.write_text("It all-gathers 1.768 GiB per step.\n")
+    with pytest.raises(AssertionError, match="name no generated source"):
+        test_every_figure_comes_from_a_generated_file()
+    page.write_text("It all-gathers 9.999 GiB per step. <!-- figures: bench.md -->\n")
+    with pytest.raises(AssertionError, match="9.999"):
+        test_every_figure_comes_from_a_generated_file()
+    page.write_text("The follow-up has twelve patches.\n")
+    with pytest.raises(AssertionError, match="twelve patches"):
+        test_counts_of_patches_and_batches_match_patches()
 
 
 # --------------------------------------------------------------------------- troubleshooting page
