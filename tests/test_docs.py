@@ -42,7 +42,7 @@ sys.path.insert(0, str(DOCS / "_ext"))
 import invariant_scan  # noqa: E402
 import sequence  # noqa: E402
 import stamps  # noqa: E402
-from generated import MatrixError, load_matrix, read_series  # noqa: E402
+from generated import MatrixError, invariants_by_batch, load_matrix, read_batches, read_series  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -292,6 +292,26 @@ def test_read_series(tmp_path):
     (tmp_path / "series").write_text("0005-missing.patch\n")
     with pytest.raises(MatrixError, match="does not exist"):
         read_series(tmp_path)
+
+
+def test_invariants_by_batch_counts_each_scenario_under_the_batch_it_needs(tmp_path):
+    batches = tmp_path / "batches"
+    batches.write_text("# merge order\nfirst 0002 0001\nsecond 0003\n")
+    assert read_batches(batches) == {2: "first", 1: "first", 3: "second"}
+    matrix = {"columns": [{"key": "v0.19.8", "title": "v0.19.8"}, {"key": "follow-up", "title": "follow-up"}],
+              "scenarios": [
+                  {"id": "t.py::test_a[x]", "invariants": ["I1", "I2"], "results": {"v0.19.8": "failed", "follow-up": "passed"}},
+                  {"id": "t.py::test_b", "invariants": ["I1"], "results": {"v0.19.8": "failed", "follow-up": "passed"}},
+                  {"id": "t.py::test_c", "invariants": ["I2"], "results": {"v0.19.8": "passed", "follow-up": "passed"}},
+                  {"id": "t.py::test_d", "invariants": ["I2"], "results": {"v0.19.8": "failed", "follow-up": "failed"}},
+              ]}
+    need = {"test_a[x]": 1, "test_b": 3, "test_c": 0, "test_d": 99}
+    table, names = invariants_by_batch(matrix, need.get, read_batches(batches))
+    assert names == ["first", "second"]
+    assert table == {"I1": {"first": 1, "second": 1}, "I2": {"first": 1, "guard": 1, "open": 1}}
+    need["test_b"] = 7  # a regression test whose patch is in no batch
+    with pytest.raises(MatrixError, match="test_b fails on v0.19.8 and passes with follow-up"):
+        invariants_by_batch(matrix, need.get, read_batches(batches))
 
 
 def test_sequence_parse_and_layout():

@@ -13,6 +13,10 @@ them in with two directives; a missing or malformed input is a Sphinx error, so
 ``{test-matrix} [NAME]``
     Renders ``_generated/NAME`` (default ``test-matrix.json``), whose format is
     documented in docs/_generated/README.md and checked by :func:`load_matrix`.
+
+``{invariants-by-batch} NAME``
+    Counts, per invariant, the scenarios of the v0.19.8 matrix NAME that claim it, by the
+    follow-up batch that makes them pass (:func:`invariants_by_batch`).
 """
 
 from __future__ import annotations
@@ -126,6 +130,47 @@ def read_series(patch_dir: Path) -> List[Dict[str, Any]]:
     if not patches:
         raise MatrixError(f"{series} lists no patch")
     return patches
+
+
+def read_batches(path: Path) -> Dict[int, str]:
+    """patches/v0.19.8/batches: {patch number: batch name}, batches in merge order."""
+    if not path.is_file():
+        raise MatrixError(f"{path} is missing")
+    owner = {}
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        parts = raw.split("#", 1)[0].split()
+        for number in parts[1:]:
+            owner[int(number)] = parts[0]
+    if not owner:
+        raise MatrixError(f"{path} lists no batch")
+    return owner
+
+
+def invariants_by_batch(data: Dict[str, Any], expectation, batch_of: Dict[int, str]):
+    """Per invariant, how many scenarios that claim it fail on the release (the matrix's first
+    column) and pass with the follow-up (its last), by the batch of the patch each one needs
+    (``expectation(test name)``: a patch number, 0 for a guard); and how many pass on both
+    (guards) or fail on both. Returns ({invariant: {column: count}}, batch names in merge order)."""
+    first, last = data["columns"][0]["key"], data["columns"][-1]["key"]
+    table: Dict[str, Dict[str, int]] = {}
+    for sc in data["scenarios"]:
+        outcomes = (cell(sc["results"][first])["outcome"], cell(sc["results"][last])["outcome"])
+        if outcomes == ("failed", "passed"):
+            need = expectation(sc["id"].rsplit("::", 1)[-1])
+            if not isinstance(need, int) or need not in batch_of:
+                raise MatrixError(f"{sc['id']} fails on {first} and passes with {last}, but tests/bases.py "
+                                  f"names no patch of a batch for it ({need!r})")
+            column = batch_of[need]
+        elif outcomes == ("passed", "passed"):
+            column = "guard"
+        elif outcomes == ("failed", "failed"):
+            column = "open"
+        else:
+            continue
+        for inv in sc.get("invariants", []):
+            row = table.setdefault(inv, {})
+            row[column] = row.get(column, 0) + 1
+    return table, list(dict.fromkeys(batch_of.values()))
 
 
 def cell(value) -> Dict[str, str]:
@@ -322,6 +367,63 @@ def setup(app):
             result.append(table)
             return result
 
+    class InvariantsByBatchDirective(SphinxDirective):
+        """{invariants-by-batch} NAME: for each invariant, the scenarios of the v0.19.8 test matrix
+        NAME that claim it, by the follow-up batch that makes them pass (tests/bases.py says which
+        patch each needs, patches/v0.19.8/batches which batch holds that patch)."""
+        required_arguments = 1
+
+        def run(self):
+            import importlib.util
+            from invariants import invariant_ref
+
+            path = generated_path(self.env, self.arguments[0])
+            root = Path(self.env.srcdir).parent
+            bases_py, batches = root / "tests" / "bases.py", root / "patches" / "v0.19.8" / "batches"
+            for dependency in (path, bases_py, batches):
+                self.env.note_dependency(str(dependency))
+            if not path.is_file():
+                return missing(self, path, "the export of the v0.19.8 test results")
+            try:
+                spec = importlib.util.spec_from_file_location("zero3_bases_for_docs", bases_py)
+                bases = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(bases)
+
+                def expectation(name):
+                    return bases.V0198.get(name, bases.V0198.get(name.split("[", 1)[0]))
+
+                table, names = invariants_by_batch(load_matrix(path.read_text(encoding="utf-8")), expectation,
+                                                   read_batches(batches))
+            except (MatrixError, OSError, ImportError) as exc:
+                logger.error(f"{{invariants-by-batch}}: {exc}", location=self.get_location())
+                return []
+            columns = names + ["guard", "open"]
+            titles = names + ["pass on both", "fail on both"]
+            grid = nodes.table(classes=["invariants-by-batch"])
+            group = nodes.tgroup(cols=1 + len(columns))
+            grid += group
+            for _ in range(1 + len(columns)):
+                group += nodes.colspec(colwidth=10)
+            head, row = nodes.thead(), nodes.row()
+            for title in ["Invariant"] + titles:
+                row += nodes.entry("", nodes.paragraph(text=title))
+            head += row
+            group += head
+            body = nodes.tbody()
+            for inv in sorted(table, key=lambda i: int(i[1:])):
+                row = nodes.row()
+                para = nodes.paragraph()
+                ref = invariant_ref(invariant=inv, docname=self.env.current_document.docname, lineno=self.lineno)
+                ref += nodes.Text(inv)
+                para += ref
+                row += nodes.entry("", para)
+                for column in columns:
+                    count = table[inv].get(column, 0)
+                    row += nodes.entry("", nodes.paragraph(text=str(count) if count else ""))
+                body += row
+            group += body
+            return [grid]
+
     class PatchSeriesDirective(SphinxDirective):
         """A table of the patch series, read from patches/series and the patch files."""
 
@@ -369,6 +471,7 @@ def setup(app):
     app.add_config_value("generated_dir", "_generated", "env")
     app.add_directive("generated", GeneratedDirective)
     app.add_directive("test-matrix", TestMatrixDirective)
+    app.add_directive("invariants-by-batch", InvariantsByBatchDirective)
     # generated_historical: {input path relative to generated_dir (a "dir/" covers a directory):
     # why it stays measured on an older revision}; such inputs are labelled on their page.
     app.add_config_value("generated_historical", {}, "env")
