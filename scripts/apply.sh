@@ -10,7 +10,7 @@ REPO_ROOT=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
 # Exit codes. They are part of the interface (README.md lists them): scripts and the tests tell
 # failures apart by them, so never renumber one.
 readonly E_INTERNAL=1 E_USAGE=2 E_VERSION=3 E_FOREIGN=4 E_DIFFERENT=5 E_CHECKOUT=6 E_NOBASE=7 \
-    E_VERIFY=8 E_PATCH=9 E_SERIES=10
+    E_VERIFY=8 E_PATCH=9 E_SERIES=10 E_CONFLICT=11
 
 readonly DEFAULT_GIT_URL=https://github.com/deepspeedai/DeepSpeed.git
 # The sdist import commit gets this fixed identity and date so that its id depends only on the
@@ -24,11 +24,25 @@ readonly MARKER_NAME=zero3-apply
 usage() {
     cat <<'EOF'
 Usage: scripts/apply.sh VERSION [options]
+       scripts/apply.sh VERSION --onto BRANCH [--checkout FORK] [options]
 
 Create a DeepSpeed git checkout at the pinned release VERSION (e.g. v0.19.2) with the patch
 series applied by `git am`, then print its path and the applied commits.
 
+With --onto, bring the series onto BRANCH of your own DeepSpeed clone or fork (the current
+directory's repository, or --checkout FORK), which must be based on VERSION: the patched tree is
+built from the verified base in a scratch directory, its commits are fetched into the fork (ref
+refs/zero3/VERSION) and cherry-picked onto BRANCH with real 3-way merges, after the fork's own
+commits. Where the fork changed the same lines, git stops at the conflict as any cherry-pick does,
+and apply.sh prints the files and the exact commands to resume (git cherry-pick --continue) or to
+return BRANCH to where it was (git cherry-pick --abort). Patches whose subject is already on
+BRANCH (a run resumed by hand, or run again) are skipped.
+
 Options:
+  --onto BRANCH       your fork's branch to bring the series onto (see above); with --checkout
+                      FORK naming the clone when it is not the current directory's. --force
+                      then means: apply the series although BRANCH's version.txt names another
+                      release.
   --dest DIR          where to create the checkout (default: build/deepspeed-VERSION in this
                       repository). It must not exist, or must have been created by apply.sh.
   --checkout PATH     use your own DeepSpeed clone or fork instead: a new branch is created at the
@@ -66,8 +80,10 @@ Exit codes:
   7   no source could provide the base (clone failed, sdist not found or not downloadable,
       pinned commit missing from the checkout)
   8   base verification failed (tag at another commit, sdist sha256 mismatch, odd sdist layout)
-  9   a patch did not apply (nothing is left behind)
+  9   a patch did not apply (nothing is left behind; with --onto, the message says where BRANCH is)
   10  patch directory or series file problem (missing file, --patches larger than the series)
+  11  --onto: a patch conflicts with the fork's branch; the fork is left in git's ordinary
+      cherry-pick state at that patch, and the message says how to resume or abort
   130 interrupted (Ctrl-C); 143: terminated. What the run had created is removed, as on any error
 EOF
 }
@@ -85,7 +101,7 @@ info() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 # Command line
 
 VERSION='' N_PATCHES='' DEST='' FORCE=0 SOURCE=auto PATCH_DIR='' CHECKOUT='' BRANCH='' SDIST_ARG=''
-PRISTINE=0
+PRISTINE=0 ONTO=''
 
 set_opt() {
     local opt=$1 val=$2
@@ -109,6 +125,7 @@ set_opt() {
         --checkout) CHECKOUT=$val ;;
         --branch) BRANCH=$val ;;
         --sdist) SDIST_ARG=$val ;;
+        --onto) ONTO=$val ;;
     esac
 }
 
@@ -120,12 +137,12 @@ while (($#)); do
             ;;
         --pristine) PRISTINE=1 ;;
         --force) FORCE=1 ;;
-        --patches | --dest | --source | --patch-dir | --checkout | --branch | --sdist)
+        --patches | --dest | --source | --patch-dir | --checkout | --branch | --sdist | --onto)
             (($# >= 2)) || die "$E_USAGE" "option $1 needs a value"
             set_opt "$1" "$2"
             shift
             ;;
-        --patches=* | --dest=* | --source=* | --patch-dir=* | --checkout=* | --branch=* | --sdist=*)
+        --patches=* | --dest=* | --source=* | --patch-dir=* | --checkout=* | --branch=* | --sdist=* | --onto=*)
             set_opt "${1%%=*}" "${1#*=}"
             ;;
         --)
@@ -153,7 +170,17 @@ if ((PRISTINE)); then
     [[ -z $N_PATCHES || $N_PATCHES == 0 ]] || die "$E_USAGE" "--pristine conflicts with --patches $N_PATCHES"
     N_PATCHES=0
 fi
-if [[ -n $CHECKOUT ]]; then
+if [[ -n $ONTO ]]; then
+    # The fork is where the series goes; the base for the series' commits is built as without
+    # --checkout (SOURCE picks how), in a scratch directory.
+    ((PRISTINE)) && die "$E_USAGE" "--onto brings patches onto a branch: it cannot be combined with --pristine"
+    for opt in DEST BRANCH; do
+        [[ -z ${!opt} ]] || die "$E_USAGE" "--onto cannot be combined with --${opt,,} (the fork's branch is BRANCH itself)"
+    done
+    [[ $SOURCE != checkout ]] || die "$E_USAGE" "--onto cannot be combined with --source checkout"
+    git check-ref-format --branch "$ONTO" >/dev/null 2>&1 || die "$E_USAGE" "invalid branch name '$ONTO' for --onto"
+    CHECKOUT=${CHECKOUT:-$PWD}
+elif [[ -n $CHECKOUT ]]; then
     [[ -z $DEST ]] || die "$E_USAGE" "--dest cannot be combined with --checkout (the checkout is the destination)"
     [[ $SOURCE == auto || $SOURCE == checkout ]] ||
         die "$E_USAGE" "--checkout cannot be combined with --source $SOURCE"
@@ -255,18 +282,23 @@ CO=              # user checkout (top level) when --checkout is used
 CO_ORIG=         # the branch (or commit, when detached) the user had checked out
 CO_TMP_BRANCH=   # branch this run created in the user checkout
 
+# What is said about the user's checkout is what git shows after the clean-up, never what it was
+# meant to do: an am that cannot be aborted (a locked index) leaves the checkout mid-operation.
 rollback() {
+    local left
     if [[ -n $CO && -n $CO_TMP_BRANCH ]]; then
         git -C "$CO" am --abort >/dev/null 2>&1 || true
-        if git -C "$CO" checkout -q "$CO_ORIG" -- 2>/dev/null; then
+        left=$(in_progress "$CO")
+        if [[ -z $left ]] && git -C "$CO" checkout -q "$CO_ORIG" -- 2>/dev/null; then
             git -C "$CO" branch -q -D "$CO_TMP_BRANCH" >/dev/null 2>&1 || true
-            info "returned $CO to $CO_ORIG and deleted branch $CO_TMP_BRANCH"
+            info "returned $CO to $CO_ORIG and deleted branch $CO_TMP_BRANCH: nothing of this run is left"
         else
-            info "could not return $CO to $CO_ORIG; branch $CO_TMP_BRANCH is left for you to inspect"
+            info "could not return $CO to $CO_ORIG${left:+: it is in the middle of a git operation ($left)}; branch $CO_TMP_BRANCH is left. To clean up: ${left:+git -C $CO am --abort; }git -C $CO checkout -q $CO_ORIG; git -C $CO branch -D $CO_TMP_BRANCH"
         fi
     fi
     if [[ -n $WORK && -e $WORK ]]; then
         rm -rf -- "$WORK"
+        info "removed the unfinished tree: nothing of this run is left"
     fi
     local i
     for ((i = ${#CREATED_DIRS[@]} - 1; i >= 0; i--)); do
@@ -291,6 +323,17 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/zero3-apply.XXXXXX")
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+# in_progress REPO: the git operation REPO is in the middle of, or nothing.
+in_progress() {
+    local repo=$1 f
+    for f in rebase-apply rebase-merge MERGE_HEAD CHERRY_PICK_HEAD REVERT_HEAD sequencer BISECT_LOG; do
+        if [[ -e $(git -C "$repo" rev-parse --path-format=absolute --git-path "$f") ]]; then
+            printf '%s\n' "$f"
+            return 0 # a bare return would give, in the EXIT trap, the status that the script exits with
+        fi
+    done
+}
 
 # Patch ids of the commits base..branch, oldest first.
 have_ids() {
@@ -602,7 +645,7 @@ apply_series() {
         # change what gets committed (3-way merges, whitespace fixing, CR handling).
         if ! out=$(with_author "$repo" "$PATCH_DIR/$p" | git -C "$repo" "$@" am --no-3way --no-scissors \
             --no-keep-cr --no-message-id --whitespace=warn --committer-date-is-author-date 2>&1); then
-            git -C "$repo" am --abort >/dev/null 2>&1 || true
+            # the clean-up (rollback) aborts the am and says what it left
             # git am's advice (--continue, --skip, --abort, --show-current-patch) is about an am that
             # was aborted just now, and its "Patch failed at 0001" counts within this one-patch am.
             printf '%s\n' "$out" | grep -v -e '^hint:' -e 'git am --' -e '^Patch failed at ' |
@@ -611,7 +654,7 @@ apply_series() {
                 -e 's/^error: patch failed: \(.*\):[0-9][0-9]*$/\1/p' \
                 -e 's/^error: \(.*\): \(patch does not apply\|does not exist in index\|already exists in index\|already exists in working directory\|does not match index\|No such file or directory\)$/\1/p' |
                 sort -u | paste -sd, - | sed 's/,/, /g')
-            die "$E_PATCH" "patch $p ($((i + 1)) of ${#SERIES[@]}) did not apply to $VERSION; failing file(s): ${files:-unknown, see the git am output above}; the am was aborted and nothing of this run is left"
+            die "$E_PATCH" "patch $p ($((i + 1)) of ${#SERIES[@]}) did not apply to $VERSION; failing file(s): ${files:-unknown, see the git am output above}"
         fi
     done
 }
@@ -623,6 +666,118 @@ record() {
     git -C "$repo" config "branch.$BRANCH.zero3base" "$BASE"
     git -C "$repo" config "branch.$BRANCH.zero3source" "$source"
 }
+
+# ---------------------------------------------------------------------------------------------
+# Mode 0: --onto, the series onto a branch of the user's fork
+#
+# A fork clone lacks the blobs the series' patches were made against (the sdist import, the
+# intermediate states), so `git am --3way` cannot fall back to a merge there. Instead the patched
+# tree is built here from the verified base, its commits are fetched into the fork, and each is
+# cherry-picked: a cherry-pick is a real 3-way merge whose base (the commit's parent) the fork now
+# has, so a change of the fork's own next to the series' merges, and one on the same lines is an
+# ordinary conflict that git's own --continue / --abort handle.
+
+onto_fork() {
+    local fork tip old_head version_txt tree series_ref base todo=() skipped=() c subj have n i
+    [[ -d $CHECKOUT ]] || die "$E_CHECKOUT" "fork $CHECKOUT is not a directory"
+    fork=$(git -C "$CHECKOUT" rev-parse --show-toplevel 2>/dev/null) ||
+        die "$E_CHECKOUT" "$CHECKOUT is not a git checkout; run apply.sh from your DeepSpeed clone or name it with --checkout FORK"
+    tip=$(git -C "$fork" rev-parse -q --verify "refs/heads/$ONTO^{commit}") ||
+        die "$E_CHECKOUT" "branch $ONTO does not exist in $fork (git -C $fork branch lists the branches)"
+    [[ -z $(in_progress "$fork") ]] ||
+        die "$E_CHECKOUT" "$fork is in the middle of a git operation ($(in_progress "$fork")); finish or abort it first"
+    [[ -z $(git -C "$fork" status --porcelain --untracked-files=no) ]] ||
+        die "$E_CHECKOUT" "$fork has uncommitted changes; commit or stash them first"
+    version_txt=$(git -C "$fork" show "$tip:version.txt" 2>/dev/null | head -n 1 | tr -d '[:space:]') || version_txt=''
+    if [[ v$version_txt != "$VERSION" ]]; then
+        ((FORCE)) || die "$E_VERIFY" "branch $ONTO of $fork is DeepSpeed ${version_txt:-of unknown version (no version.txt)}, not $VERSION: bring the series of its own release (pinned:${KNOWN}), see docs/guide/forks.md for a fork between releases; --force applies the $VERSION series anyway"
+        info "--force: $ONTO is DeepSpeed ${version_txt:-(no version.txt)}, applying the $VERSION series anyway"
+    fi
+
+    # The patched tree, from the verified base, as a run without --onto makes it.
+    tree=$TMP/series-tree
+    local build=(bash "$SCRIPT_DIR/apply.sh" "$VERSION" --dest "$tree" --patch-dir "$PATCH_DIR" --patches "$N_PATCHES")
+    [[ $SOURCE == auto ]] || build+=(--source "$SOURCE")
+    [[ -z $SDIST_ARG ]] || build+=(--sdist "$SDIST_ARG")
+    "${build[@]}" >"$TMP/build.out" || exit $?
+    base=$(git -C "$tree" config --get "branch.$BRANCH.zero3base")
+    series_ref=refs/zero3/$VERSION
+    git -C "$fork" fetch -q --no-tags "$tree" "+refs/heads/$BRANCH:$series_ref"
+    info "fetched the $VERSION series ($N_PATCHES patch(es) on the verified base $base) into $fork as $series_ref"
+
+    # A patch whose subject BRANCH already has was brought over before (a conflict resolved by hand
+    # changes its diff, not its subject): skip it, so that a second run only adds what is missing.
+    have=$(git -C "$fork" log --no-merges --format=%s "$tip")
+    for c in $(git -C "$fork" rev-list --reverse "$base..$series_ref"); do
+        subj=$(git -C "$fork" log -1 --format=%s "$c")
+        if grep -qxF -- "$subj" <<<"$have"; then skipped+=("$c"); else todo+=("$c"); fi
+    done
+    ((${#skipped[@]} == 0)) || info "${#skipped[@]} patch(es) of the series are on $ONTO already (same subject): skipped"
+    if ((${#todo[@]} == 0)); then
+        printf 'already applied: all %s patch(es) of the %s series are on branch %s of %s (at %s)\n' \
+            "$N_PATCHES" "$VERSION" "$ONTO" "$fork" "$(git -C "$fork" rev-parse --short "$tip")"
+        return 0
+    fi
+
+    old_head=$(git -C "$fork" symbolic-ref -q --short HEAD || git -C "$fork" rev-parse HEAD)
+    if [[ $old_head != "$ONTO" ]]; then
+        git -C "$fork" switch -q "$ONTO"
+        info "switched $fork from $old_head to $ONTO"
+    fi
+    if ! git -C "$fork" config --get user.name >/dev/null || ! git -C "$fork" config --get user.email >/dev/null; then
+        # Never write into the user's config: the identity is given to this run only.
+        export GIT_COMMITTER_NAME=${GIT_COMMITTER_NAME:-$FALLBACK_NAME} GIT_COMMITTER_EMAIL=${GIT_COMMITTER_EMAIL:-$FALLBACK_EMAIL}
+    fi
+    local undo="git -C $fork reset --keep $(git -C "$fork" rev-parse --short "$tip")"
+    if git -C "$fork" cherry-pick "${todo[@]}" >"$TMP/pick.out" 2>&1; then
+        n=${#todo[@]}
+        printf 'brought %s patch(es) of the %s series onto branch %s of %s\n' "$n" "$VERSION" "$ONTO" "$fork"
+        printf '  fork:    %s\n  branch:  %s (was %s; your commits are kept below the series)\n' \
+            "$fork" "$ONTO" "$(git -C "$fork" rev-parse --short "$tip")"
+        printf '  series:  %s (%s on the verified %s base %s)\n' "$series_ref" "$N_PATCHES patch(es)" "$VERSION" "$base"
+        printf '  commits: %s added, oldest first\n' "$n"
+        git -C "$fork" log --reverse --format='    %h %s' "$tip..refs/heads/$ONTO"
+        printf '  undo:    %s\n' "$undo"
+        return 0
+    fi
+    # git's own report of the commits it made is left out: what matters is where and why it stopped
+    grep -E '^(CONFLICT|error|fatal|warning)' "$TMP/pick.out" | sed 's/^/  git cherry-pick: /' >&2 || true
+    local op stopped files done_n
+    op=$(in_progress "$fork")
+    done_n=$(git -C "$fork" rev-list --count "$tip..HEAD")
+    if [[ $op == CHERRY_PICK_HEAD || $op == sequencer ]] &&
+        stopped=$(git -C "$fork" rev-parse -q --verify CHERRY_PICK_HEAD); then
+        i=0
+        for c in "${todo[@]}"; do
+            i=$((i + 1))
+            [[ $c == "$stopped" ]] && break
+        done
+        files=$(git -C "$fork" diff --name-only --diff-filter=U | paste -sd, - | sed 's/,/, /g')
+        {
+            printf '%s: patch %s of %s to bring, "%s", conflicts with branch %s in: %s\n' "$PROG" "$i" "${#todo[@]}" \
+                "$(git -C "$fork" log -1 --format=%s "$stopped")" "$ONTO" "${files:-see git status}"
+            printf '%s: %s is in the middle of a git cherry-pick (git status shows it); %s patch(es) before it are on %s.\n' \
+                "$PROG" "$fork" "$done_n" "$ONTO"
+            printf '  to resume: fix the conflicts in the files above, then\n'
+            printf '      git -C %s add %s\n' "$fork" "$(git -C "$fork" diff --name-only --diff-filter=U | paste -sd' ' -)"
+            printf '      git -C %s cherry-pick --continue    # goes on with the rest; repeat for a later conflict\n' "$fork"
+            printf '  to abort:  git -C %s cherry-pick --abort       # %s back at %s, as before this run\n' "$fork" "$ONTO" \
+                "$(git -C "$fork" rev-parse --short "$tip")"
+            printf '  after resuming, run apply.sh again (the same command): it says "already applied" or adds what is missing.\n'
+        } >&2
+        exit "$E_CONFLICT"
+    fi
+    if [[ -n $op ]]; then
+        die "$E_PATCH" "git cherry-pick failed (output above); $fork is in the middle of a git operation ($op): git -C $fork cherry-pick --abort returns $ONTO to $(git -C "$fork" rev-parse --short "$tip")"
+    fi
+    ((done_n == 0)) && die "$E_PATCH" "git cherry-pick failed (output above) before it changed anything: $ONTO is unchanged, no operation is in progress"
+    die "$E_PATCH" "git cherry-pick failed (output above) with no operation in progress; $ONTO holds $done_n of the ${#todo[@]} patch(es): $undo returns it to where it was"
+}
+
+if [[ -n $ONTO ]]; then
+    onto_fork
+    exit 0
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Mode 1: the user's own checkout
@@ -646,10 +801,8 @@ if [[ $SOURCE == checkout ]]; then
     fi
     [[ -z $(git -C "$top" status --porcelain --untracked-files=no) ]] ||
         die "$E_CHECKOUT" "checkout $top has uncommitted changes; commit or stash them first"
-    for f in rebase-apply rebase-merge MERGE_HEAD CHERRY_PICK_HEAD REVERT_HEAD BISECT_LOG; do
-        [[ ! -e $(git -C "$top" rev-parse --git-path "$f") ]] ||
-            die "$E_CHECKOUT" "checkout $top is in the middle of a git operation ($f); finish or abort it first"
-    done
+    [[ -z $(in_progress "$top") ]] ||
+        die "$E_CHECKOUT" "checkout $top is in the middle of a git operation ($(in_progress "$top")); finish or abort it first"
     if git -C "$top" rev-parse -q --verify "refs/tags/$VERSION" >/dev/null; then
         found=$(git -C "$top" rev-parse -q --verify "refs/tags/$VERSION^{commit}" || echo none)
         [[ $found == "$PIN_COMMIT" ]] || die "$E_VERIFY" "base verification failed: tag $VERSION in $top is commit $found, expected pinned commit $PIN_COMMIT"

@@ -626,7 +626,7 @@ def test_failing_patch_leaves_nothing_behind(tmp_path, sdist, synthetic_series):
     dest = keep / "new" / "deeper" / "ds"
     proc = apply(VERSION, "--sdist", sdist, "--dest", dest, "--patch-dir", patches)
     refused(proc, E_PATCH, f"patch {name} (2 of 3) did not apply",
-            "deepspeed/runtime/zero/partitioned_param_coordinator.py", "the am was aborted")
+            "deepspeed/runtime/zero/partitioned_param_coordinator.py", "nothing of this run is left")
     # git am's own advice is about the am apply.sh already aborted; its "Patch failed at 0001" counts within a
     # one-patch am. Neither is passed on.
     assert "git am: error: patch failed" in proc.stderr
@@ -904,3 +904,34 @@ def test_each_batch_letter_carries_its_reproduction_verbatim():
             quoted = "".join("    " + line if line.strip() else line for line in repro.read_text().splitlines(True))
             assert quoted in letter.read_text(), f"{letter.name} does not quote repro/{repro.name} as it is"
             assert len(repro.read_text().splitlines()) <= 16, f"repro/{repro.name}: keep it short"
+
+
+def test_checkout_not_left_mid_am_with_a_message_saying_otherwise(fork, synthetic_series, tmp_path):
+    """When the failed am cannot be aborted (here a git whose `am --abort` fails, as it does on a locked
+    index), apply.sh must not say that nothing is left: it says what is left and how to clean it up."""
+    repo, pinned = fork
+    patches = tmp_path / "broken"
+    broken_copy(synthetic_series, patches)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    real_git = shutil.which("git")
+    (shim / "git").write_text("#!/bin/sh\n"
+                              "case \" $* \" in *' am --abort '*) echo 'fatal: Unable to create index.lock' >&2; exit 128;; esac\n"
+                              f"exec {real_git} \"$@\"\n")
+    (shim / "git").chmod(0o755)
+    env = clean_env(ZERO3_PINNED_BASES=str(pinned), PATH=f"{shim}{os.pathsep}{os.environ['PATH']}")
+    proc = apply(VERSION, "--checkout", repo, "--patch-dir", patches, env=env)
+    assert proc.returncode == E_PATCH, proc.stderr
+    in_am = (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()
+    assert in_am  # the shim kept the am from being aborted
+    assert "nothing of this run is left" not in proc.stderr, proc.stderr
+    assert "the am was aborted" not in proc.stderr, proc.stderr
+    assert "is in the middle of a git operation (rebase-apply)" in proc.stderr, proc.stderr
+    assert f"git -C {repo} am --abort" in proc.stderr, proc.stderr
+    # the printed clean-up, with the real git, leaves the checkout as it was
+    cleanup = re.search(r"To clean up: (.*)$", proc.stderr, re.M).group(1)
+    for command in cleanup.split("; "):
+        run(command.split(), check=True)
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == "work"
+    assert not (repo / git(repo, "rev-parse", "--git-path", "rebase-apply")).exists()
+    assert "zero3/v0.19.2-apply-tmp" not in git(repo, "branch")
