@@ -104,7 +104,9 @@ harness="this repository's stand-in (tests/upstream_compat)"
     printf '  base:         %s (%s)\n' "$VERSION" "$VERSION_FROM"
     printf '  series:       %s of %s patches of patches/%s found on HEAD%s\n' "$found" "${#PATCHES[@]}" "$VERSION" \
         "${ZERO3_SERIES_PREFIX:+ (testing as prefix $ZERO3_SERIES_PREFIX)}"
-    printf '  this repo:    %s\n' "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
+    printf '  this repo:    %s%s\n' "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')" \
+        "$([[ -z $(git -C "$ROOT" status --porcelain -- patches tests scripts 2>/dev/null) ]] ||
+            echo ' with uncommitted changes in patches/, tests/ or scripts/')"
     printf '  stack:        %s\n' "$("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("torch", "deepspeed", "transformers", "peft")))')"
     printf '  device:       %s (DS_ACCELERATOR=%s), TORCH_EXTENSIONS_DIR=%s\n' "${ZERO3_TEST_DEVICE:-cpu}" \
         "${DS_ACCELERATOR:-unset}" "${TORCH_EXTENSIONS_DIR:-unset}"

@@ -221,3 +221,35 @@ def test_onto_refuses_what_it_cannot_do_safely(tmp_path, pristine, sdists):
     # --checkout names the fork from anywhere
     proc = run(["bash", APPLY, "v0.19.2", "--onto", "internal", "--checkout", fork, "--sdist", sdist], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_upgrade_a_fork_from_the_v0_19_2_series_to_v0_19_8_and_its_follow_up(tmp_path, pristine, sdists):
+    """The upgrade of docs/guide/forks.md: a fork carrying the v0.19.2 series moves to v0.19.8: its own
+    commit is replayed onto v0.19.8, the v0.19.2 series is dropped (v0.19.8 has upstream's #8148), and
+    apply.sh --onto brings the v0.19.8 follow-up."""
+    fork = make_fork(tmp_path, pristine("v0.19.2"), overlapping=False)
+    own = git(fork, "rev-parse", "HEAD")
+    git(fork, "tag", "v0.19.2", "HEAD~1")  # a real fork has upstream's tags; here the pristine import
+    run(["bash", APPLY, "v0.19.2", "--onto", "internal", "--sdist", sdists("v0.19.2")], cwd=fork, check=True)
+    old_series = series_subjects("v0.19.2")
+    assert git(fork, "log", "--reverse", "--format=%s", "v0.19.2..internal").splitlines() == \
+        [git(fork, "log", "-1", "--format=%s", own)] + old_series
+    # upstream's v0.19.8, as a fork fetches it (here the sdist import with upstream's tests/ snapshot)
+    git(fork, "fetch", "-q", "--no-tags", pristine("v0.19.8"), "+refs/heads/zero3/v0.19.8:refs/tags/v0.19.8")
+
+    git(fork, "switch", "-q", "-c", "internal-v0.19.8", "internal")
+    rebase = run(["git", "-C", fork, "rebase", "-i", "--onto", "v0.19.8", "v0.19.2"],
+                 extra_env={**FORK_IDENTITY, "GIT_SEQUENCE_EDITOR": f"bash {REPO / 'scripts' / 'drop-series.sh'} v0.19.2"})
+    assert rebase.returncode == 0, rebase.stderr
+    assert f"dropped {len(old_series)} commit(s) of the v0.19.2 series, kept 1" in rebase.stderr
+    assert git(fork, "log", "--format=%s", "v0.19.8..HEAD").splitlines() == \
+        ["internal: count releases for our dashboards"]
+    proc = run(["bash", APPLY, "v0.19.8", "--onto", "internal-v0.19.8", "--sdist", sdists("v0.19.8")], cwd=fork)
+    assert proc.returncode == 0, proc.stderr
+    assert git(fork, "log", "--reverse", "--format=%s", "v0.19.8..internal-v0.19.8").splitlines() == \
+        ["internal: count releases for our dashboards"] + series_subjects("v0.19.8")
+    assert "fork_release_calls" in (fork / COORD).read_text() and (fork / OFFLOAD).read_text().endswith(OFFLOAD_TAIL)
+    assert (fork / "version.txt").read_text().strip() == "0.19.8"
+    no_operation_in_progress(fork)
+    # the old branch is untouched
+    assert git(fork, "log", "--reverse", "--format=%s", "v0.19.2..internal").splitlines()[1:] == old_series

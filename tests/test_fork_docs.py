@@ -93,3 +93,11 @@ def test_dependency_graph_matches_the_series():
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "series-deps.py"), "v0.19.2", "--check"],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr + run.stdout
+
+
+def test_upgrade_table_matches_the_series():
+    page = (GUIDE / "forks.md").read_text()
+    assert "```{literalinclude} series-upgrade-v0.19.2-v0.19.8.txt" in page
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "series-deps.py"), "v0.19.2", "--upgrade", "v0.19.8",
+                          "--check"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr + run.stdout
