@@ -253,3 +253,33 @@ def test_upgrade_a_fork_from_the_v0_19_2_series_to_v0_19_8_and_its_follow_up(tmp
     no_operation_in_progress(fork)
     # the old branch is untouched
     assert git(fork, "log", "--reverse", "--format=%s", "v0.19.2..internal").splitlines()[1:] == old_series
+
+
+def test_per_commit_proof_plans_each_fork_commit_with_its_prefix(tmp_path, pristine, sdists):
+    """scripts/prove-series.sh --fork PATH RANGE: each commit of the fork's range is proven with the prefix of
+    the series its history carries, the fork's own commits with the prefix below them (--dry-run: the plan);
+    a fork that carries a patch without the ones before it is refused, naming the commit."""
+    fork = make_fork(tmp_path, pristine("v0.19.2"), overlapping=False)
+    git(fork, "tag", "v0.19.2", "HEAD~1")
+    run(["bash", APPLY, "v0.19.2", "--onto", "internal", "--patches", "2", "--sdist", sdists("v0.19.2")], cwd=fork,
+        check=True)
+    (fork / "FORK_NOTES.md").write_text("ours\n")
+    git(fork, "add", "FORK_NOTES.md")
+    git(fork, "commit", "-q", "-m", "internal: notes")
+    prove = REPO / "scripts" / "prove-series.sh"
+    proc = run(["bash", prove, "--fork", fork, "v0.19.2..internal", "--dry-run"], check=True)
+    subjects = series_subjects("v0.19.2")
+    plan = [line for line in proc.stdout.splitlines() if line.startswith("== ") and ": prefix " in line]
+    expected = [("internal: count releases for our dashboards", 0), (subjects[0], 1), (subjects[1], 2),
+                ("internal: notes", 2)]
+    assert len(plan) == len(expected), proc.stdout
+    for line, (subject, n) in zip(plan, expected):
+        assert f" {subject}: prefix {n}: " in line, line
+
+    # patch 2 without patch 1: not a prefix of the series
+    git(fork, "switch", "-q", "-c", "partial", "v0.19.2")
+    git(fork, "cherry-pick", "internal~1")  # the series' second patch
+    proc = run(["bash", prove, "--fork", fork, "v0.19.2..partial", "--dry-run"])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED: its history carries patches of the series that are not a prefix" in proc.stderr
+    assert "FAIL  not a prefix" in proc.stdout
