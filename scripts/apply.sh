@@ -729,6 +729,11 @@ onto_fork() {
         export GIT_COMMITTER_NAME=${GIT_COMMITTER_NAME:-$FALLBACK_NAME} GIT_COMMITTER_EMAIL=${GIT_COMMITTER_EMAIL:-$FALLBACK_EMAIL}
     fi
     local undo="git -C $fork reset --keep $(git -C "$fork" rev-parse --short "$tip")"
+    # Where the series starts on BRANCH, for the tools that run the tests it adds (tests/upstream_suite.py
+    # diffs branch.BRANCH.zero3base..HEAD, as on apply.sh's own branches); no zero3version is written, so
+    # BRANCH never counts as a branch apply.sh created and may re-create.
+    git -C "$fork" config --get "branch.$ONTO.zero3base" >/dev/null ||
+        git -C "$fork" config "branch.$ONTO.zero3base" "$tip"
     if git -C "$fork" cherry-pick "${todo[@]}" >"$TMP/pick.out" 2>&1; then
         n=${#todo[@]}
         printf 'brought %s patch(es) of the %s series onto branch %s of %s\n' "$n" "$VERSION" "$ONTO" "$fork"

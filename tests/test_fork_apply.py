@@ -155,6 +155,15 @@ def test_fork_commit_next_to_the_series_merges_with_no_hand_work(tmp_path, prist
     for path in (COORD, OFFLOAD):
         assert (fork / path).read_text() == (patched / path).read_text(), path
     assert f"undo:    git -C {fork} reset --keep {own[:7]}" in proc.stdout
+    # the start of the series is recorded, so that `python -m tests.upstream_compat.run FORK` finds the test files
+    # the series adds (and apply.sh still never takes the branch for one of its own)
+    assert git(fork, "config", "--get", "branch.internal.zero3base") == own
+    assert run(["git", "-C", fork, "config", "--get", "branch.internal.zero3version"]).returncode == 1
+    from tests.upstream_suite import series_test_paths
+    added = {line[len("+++ b/tests/"):] for name in (REPO / "patches" / version / "series").read_text().split()
+             for line in (REPO / "patches" / version / name).read_text().splitlines()
+             if line.startswith("+++ b/tests/unit/") and Path(line).name.startswith("test_")}
+    assert set(series_test_paths(fork)) == added
     # run again: nothing to add
     again = run(["bash", APPLY, version, "--onto", "internal", "--sdist", sdists(version)], cwd=fork)
     assert again.returncode == 0 and "already applied" in again.stdout, again.stderr
