@@ -89,14 +89,18 @@ def text_deps(repo, commit, index_of):
     return deps
 
 
-def defined_names(lines, base_text):
+def defined_names(lines, base_words):
+    """Names LINES define (def, class, attribute or module assignment) that the release has nowhere."""
     names = set()
     for line in lines:
         for pattern in DEFINES:
             m = pattern.match(line)
-            if m and len(m.group(1)) > 3 and not re.search(rf"\b{re.escape(m.group(1))}\b", base_text):
+            if m and len(m.group(1)) > 3 and m.group(1) not in base_words:
                 names.add(m.group(1))
     return names
+
+
+PATCHES = {}  # commit -> its diff, made once
 
 
 def applies(repo, base, commits, env_dir):
@@ -104,7 +108,9 @@ def applies(repo, base, commits, env_dir):
     env = dict(os.environ, GIT_INDEX_FILE=str(env_dir / "index"))
     git(repo, "read-tree", base, env=env)
     for c in commits:
-        patch = git(repo, "format-patch", "-1", "--stdout", c).stdout
+        if c not in PATCHES:
+            PATCHES[c] = git(repo, "show", "--format=", "--binary", c).stdout
+        patch = PATCHES[c]
         run = subprocess.run(["git", "-C", str(repo), "apply", "--cached"], input=patch, text=True, env=env,
                              capture_output=True)
         if run.returncode:
@@ -120,12 +126,12 @@ def graph(version):
         index_of = {c: i for i, c in enumerate(commits)}
         names = [f"{i + 1:04d}" for i in range(len(commits))]
         subjects = [git(tree, "log", "-1", "--format=%s", c).stdout.strip() for c in commits]
-        base_text = git(tree, "grep", "-h", "-I", "-e", ".", base, "--", "deepspeed").stdout
+        base_words = set(re.findall(r"\w+", git(tree, "grep", "-h", "-I", "-e", ".", base, "--", "deepspeed").stdout))
         defined = {}  # name -> index of the first patch defining it
         rows = []  # (text deps, uses, applies alone) per patch
         for k, c in enumerate(commits):
             added = added_lines(tree, c)
-            own = defined_names(added, base_text)
+            own = defined_names(added, base_words)
             body = "\n".join(line for line in added if not any(p.match(line) for p in DEFINES))
             uses = {}
             for name, j in defined.items():
