@@ -292,3 +292,21 @@ def test_per_commit_proof_plans_each_fork_commit_with_its_prefix(tmp_path, prist
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED: its history carries patches of the series that are not a prefix" in proc.stderr
     assert "FAIL  not a prefix" in proc.stdout
+
+
+def test_tox_fork_refuses_a_fork_it_cannot_test_before_installing_anything(tmp_path, pristine):
+    """scripts/test-fork.sh (tox -e fork) checks its input first: one path, a DeepSpeed clone, a release with a
+    series, the whole series on HEAD (or ZERO3_SERIES_PREFIX); each refusal says what to do instead."""
+    script = REPO / "scripts" / "test-fork.sh"
+    proc = run(["bash", script])
+    assert proc.returncode == 2 and "usage: tox -e fork -- /path/to/your/DeepSpeed" in proc.stderr, proc.stderr
+    proc = run(["bash", script, tmp_path])
+    assert proc.returncode == 2 and "is not a git checkout of DeepSpeed" in proc.stderr, proc.stderr
+    fork = make_fork(tmp_path, pristine("v0.19.2"), overlapping=False)
+    proc = run(["bash", script, fork])
+    n = len(series_subjects("v0.19.2"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"carries 0 of the {n} patches of the v0.19.2 series" in proc.stderr
+    assert "scripts/apply.sh v0.19.2 --onto BRANCH" in proc.stderr
+    proc = run(["bash", script, fork], extra_env={"ZERO3_VERSION": "v0.9.9"})
+    assert proc.returncode == 2 and "no series for v0.9.9" in proc.stderr, proc.stderr
