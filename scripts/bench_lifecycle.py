@@ -33,11 +33,17 @@ import stamps  # noqa: E402  (the series revision a run measured: docs/generated
 
 RUN_COMMAND = "on GPUs: tox -e bench (scripts/run-bench.sh), which ends with scripts/bench_lifecycle.py --report"
 
+def tree_name(pythonpath):
+    """The measured tree's name: the first entry of the run's PYTHONPATH (later ones hold
+    requirements, e.g. a site directory on a GPU host), or "installed"."""
+    return os.path.basename(pythonpath.split(os.pathsep)[0].rstrip("/")) or "installed"
+
+
 def run_stamp(variant, deepspeed_version):
     """The stamp of one run: the series this checkout's patches/ holds (v0.19.8's follow-up for the
     followup variant, v0.19.2's for the others), which is what scripts/apply.sh built the trees from."""
     series = "v0.19.8" if variant == "followup" else "v0.19.2"
-    tree = os.path.basename(os.environ.get("PYTHONPATH", "").rstrip("/")) or "installed"
+    tree = tree_name(os.environ.get("PYTHONPATH", ""))
     return stamps.make(stamps.Path(ROOT) / "patches" / series, deepspeed_version, [tree], RUN_COMMAND)
 
 
@@ -378,7 +384,7 @@ def group_runs(results):
     """Runs of one variant on one tree form a group, in the order the groups first ran."""
     groups = {}
     for r in results:
-        tree = os.path.basename(r.get("tree", "").rstrip("/")) or "installed"
+        tree = tree_name(r.get("tree", ""))
         groups.setdefault((r["variant"], tree), []).append(r)
     return groups
 
@@ -499,7 +505,7 @@ def report_stamp(results):
     first = next(r for r in runs if (r["series"], r["series_id"]) == (series, series_id))
     trees = []
     for r in results:
-        name = os.path.basename(r.get("tree", "").rstrip("/")) or "installed"
+        name = tree_name(r.get("tree", ""))
         if name not in trees:
             trees.append(name)
     versions = sorted({r["deepspeed"].strip() for r in results if "deepspeed" in r})
@@ -553,7 +559,7 @@ def report(paths, md_path, png_path, caption=None):
         r = ok[0]
         trees = {}
         for run in results:
-            name = os.path.basename(run.get("tree", "").rstrip("/")) or "installed"
+            name = tree_name(r.get("tree", ""))
             if "deepspeed" not in run:
                 continue
             text = f"DeepSpeed {run['deepspeed'].strip()}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of the series for a model with no frozen parameter, against pristine v0.19.2, on CPU.
+"""Cost of the series for a model with no frozen parameter, against pristine v0.19.2, on CPU or GPU.
 
 The series' hooks must cost a model without frozen parameters (full finetuning) next to nothing
 (target: at most 1 % of the step). The model is host-bound on purpose, the worst case for hook
@@ -29,6 +29,11 @@ instead and lists the functions whose calls per step differ (exact counts) and t
 time grew most (the profiler inflates Python-heavy code: use it to rank, not to measure).
 
 Each tree's deepspeed/ package is put first on PYTHONPATH of its process (checked after import).
+On a GPU host, DS_ACCELERATOR=cuda puts the model on the GPU (the same model, as host-bound as on
+the CPU: the hooks' cost is not hidden behind kernels); each block then ends with a device
+synchronize, and wall time is the figure to read (CPU time counts the host's spinning in that
+synchronize too).
+
 Nothing is installed or written. Exit status 0 whatever the figures: this reports, it does not
 judge.
 """
@@ -54,6 +59,7 @@ def child(checkpointing, warmup):
     import torch
     from torch.utils.checkpoint import checkpoint
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from tests.harness.gloo import skip_shm_op_build
@@ -102,7 +108,8 @@ def child(checkpointing, warmup):
         },  # DeepSpeed's defaults for everything else
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ)).to(engine.device)
+    synchronize = get_accelerator().synchronize
 
     def step():
         engine.backward(engine(ids))
@@ -119,9 +126,11 @@ def child(checkpointing, warmup):
             continue
         steps = int(line)
         gc.collect()  # a collection's cost lands in the block that triggers it, not by chance
+        synchronize()
         start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             step()
+        synchronize()
         cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
         print("BLOCK " + json.dumps({"cpu_ms": 1e3 * cpu / steps, "wall_ms": 1e3 * wall / steps}), flush=True)
 
@@ -281,8 +290,10 @@ def main():
         parser.error(f"--checkpointing: unknown mode(s) {sorted(unknown)}; expected none, module")
     how = (f"cProfile of {args.profile} steps per tree and mode" if args.profile else
            f"{args.pairs} pairs of {args.block}-step blocks per mode, the two trees' processes taking turns (ABBA)")
+    device = os.environ.get("DS_ACCELERATOR", "cpu")
     print(f"model: embedding + {DEPTH} x (Linear-LayerNorm-Linear), hidden {HIDDEN}, no frozen parameter; "
-          f"ZeRO-3 defaults, world size 1, one torch thread; {how}, after {args.warmup} warm-up steps each")
+          f"ZeRO-3 defaults, world size 1, one torch thread, DS_ACCELERATOR={device}; {how}, after {args.warmup} "
+          "warm-up steps each")
     (baseline, _), (other, _) = trees
     for mode in modes:
         processes = [TreeProcess(label, tree, mode, args.warmup) for label, tree in trees]
