@@ -559,7 +559,7 @@ def report(paths, md_path, png_path, caption=None):
         r = ok[0]
         trees = {}
         for run in results:
-            name = tree_name(r.get("tree", ""))
+            name = tree_name(run.get("tree", ""))
             if "deepspeed" not in run:
                 continue
             text = f"DeepSpeed {run['deepspeed'].strip()}"
@@ -593,21 +593,32 @@ def report(paths, md_path, png_path, caption=None):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for s in summaries.values():
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        # several variants draw the same curve: a marker and a dash pattern of its own tell each
+        # one apart where the lines lie on top of each other
+        styles = [("o", "-"), ("s", "--"), ("^", "-."), ("v", ":"), ("D", (0, (5, 1))), ("x", (0, (3, 1, 1, 1))),
+                  ("P", (0, (1, 2))), ("*", (0, (8, 2)))]
+        for index, s in enumerate(summaries.values()):
             # reentrant checkpointing runs the layers' forward hooks again in backward: scale each
             # timeline to the step so that forward and backward line up across variants
             n = max(len(s["timeline"]) - 1, 1)
-            line, = ax.plot([i / n for i in range(len(s["timeline"]))], s["timeline"],
+            marker, dashes = styles[index % len(styles)]
+            # markers of each variant at points of their own, so that identical curves show them all
+            every = max(n // 8, 1)
+            line, = ax.plot([i / n for i in range(len(s["timeline"]))], s["timeline"], marker=marker,
+                            markersize=6, markevery=(index % every, every), linestyle=dashes, linewidth=1.6,
                             label=f"{s['label']}: peak {s['peak_gib']:.2f} GiB")
             # The timeline is sampled only at decoder-layer boundaries; the peak inside a layer (the
             # table's peak alloc) is higher. Draw that peak too, so the plot does not understate it.
-            ax.axhline(s["peak_gib"], color=line.get_color(), linestyle="--", linewidth=1)
+            ax.axhline(s["peak_gib"], color=line.get_color(), linestyle="-", linewidth=0.8, alpha=0.5)
         ax.set_xlabel("progress through one step: decoder-layer forward ends, then backward starts (scaled)")
         ax.set_ylabel("allocated GiB (rank 0)")
-        ax.set_title("solid: allocated at decoder-layer boundaries; dashed: the allocator's peak in the step",
+        ax.set_title("marked lines: allocated at decoder-layer boundaries; thin horizontal lines: the allocator's "
+                     "peak in the step",
                      fontsize=9)
-        ax.legend(fontsize=8)
+        # below the axes, in two columns: inside them it covered the curves, and at 8 pt it was
+        # about 3 px tall where a phone scales the figure to its width
+        ax.legend(fontsize=11, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
         fig.tight_layout()
         fig.savefig(png_path, dpi=120, metadata={stamps.KEY: json.dumps(stamp)})
 
