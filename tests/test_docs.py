@@ -543,6 +543,35 @@ def test_every_figure_comes_from_a_generated_file():
     assert not problems, "\n".join(problems)
 
 
+# The cover letters are plain text that maintainers read, so they name no source inline: each one
+# that quotes measured figures is listed here with the generated files they come from.
+LETTER_SOURCES = {
+    "patches/v0.19.2/cover-letter.txt": ["bench-ws1-v0.19.2.md", "bench-ws1-b16-v0.19.2.md",
+                                         "no-frozen-overhead-v0.19.2.md"],
+}
+
+
+def _cover_letters():
+    patches = ROOT / "patches"
+    return sorted([*patches.glob("*/cover-letter.txt"), *patches.glob("v0.19.8/batch-*.txt")])
+
+
+def test_cover_letters_quote_figures_of_their_generated_files():
+    """Every measured figure in a cover letter (the series' and each follow-up batch's) is a number of
+    the generated files LETTER_SOURCES lists for it; a letter not listed quotes none."""
+    problems = []
+    for path in _cover_letters():
+        name = str(path.relative_to(ROOT))
+        known = set().union(*(_source_numbers(n) for n in LETTER_SOURCES.get(name, [])))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            stray = [m.group(1) for m in FIGURE.finditer(line) if m.group(1) not in known]
+            if stray:
+                problems.append(f"{name}:{number}: {stray} " + (
+                    f"are not in {', '.join(LETTER_SOURCES[name])}" if name in LETTER_SOURCES else
+                    "quoted, but LETTER_SOURCES names no generated file for this letter"))
+    assert not problems, "\n".join(problems)
+
+
 _NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty twenty-one twenty-two twenty-three twenty-four".split())}
