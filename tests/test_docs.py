@@ -432,9 +432,8 @@ def test_generated_inputs_carry_the_current_series_stamp():
 README = ROOT / "README.md"
 README_MAX_WORDS = 1500
 RFC_BODY_MAX_WORDS, RFC_TOTAL_MAX_WORDS = 5000, 12000
-# The pages whose numbers this project writes by hand (the guides other than the quickstart are
-# their own authors' to check).
-FIGURE_DOCS = [README, RFC, DOCS / "index.md", DOCS / "test-matrix.md", DOCS / "guide" / "quickstart.md"]
+# The pages whose numbers this project writes by hand: every figure in them must come from a generated file.
+FIGURE_DOCS = [README, RFC, DOCS / "index.md", DOCS / "test-matrix.md", *sorted((DOCS / "guide").glob("*.md"))]
 GENERATED = DOCS / "_generated"
 
 
@@ -879,7 +878,7 @@ def test_rfc_page_in_headless_chromium(site, tmp_path):
 # Pages with this project's own styling (invariants, the test matrix, generated tables, diagrams),
 # and the guide's pages (wide option tables, long quoted messages).
 RENDERED_PAGES = ["rfc.html", "test-matrix.html", "index.html", "generated-inputs.html", "guide/quickstart.html",
-                  "guide/apply.html", "guide/cherry-pick.html", "guide/troubleshooting.html"]
+                  "guide/apply.html", "guide/cherry-pick.html", "guide/forks.html", "guide/troubleshooting.html"]
 THEMES = ["light", "dark"]  # furo's data-theme values; "auto" follows the system into one of them
 # (name, CSS px): a desktop, and a phone. The page is loaded in an iframe of that width, since
 # headless Chromium does not open a window narrower than 500 px.
