@@ -56,7 +56,9 @@ Options:
   --patches N         apply only the first N patches of the series (for bisecting)
   --pristine          apply no patches (same as --patches 0)
   --patch-dir DIR     patch directory with a `series` file (default: patches/VERSION in this
-                      repository, the series made for that release)
+                      repository, the series made for that release; for v0.19.3 to v0.19.7, the
+                      v0.19.8 follow-up's units, each as it is or by its port in
+                      patches/v0.19.8/ports/VERSION/, put together under build/followup-series/)
   --force             re-create a destination (or branch) that apply.sh created earlier
   -h, --help          show this help
 
@@ -66,7 +68,8 @@ Environment:
   DEEPSPEED_GIT_TIMEOUT   seconds allowed for the whole clone (default 900)
   DEEPSPEED_SDIST         sdist file, or directory holding it (also searched: PIP_FIND_LINKS dirs)
   ZERO3_PINNED_BASES      pinned-bases file to use instead of scripts/pinned-bases.tsv
-  PYTHON                  interpreter whose pip downloads the sdist (default python3)
+  PYTHON                  interpreter whose pip downloads the sdist, and that runs
+                          scripts/followup_releases.py for v0.19.3 to v0.19.7 (default python3)
 
 Exit codes:
   0   patched checkout created, or already present with the same version and patches
@@ -223,6 +226,15 @@ PIN_BY_SDIST_ONLY=0
 # Patch series
 
 SERIES=()
+if [[ -z $PATCH_DIR && ! -d $REPO_ROOT/patches/$VERSION && -d $REPO_ROOT/patches/v0.19.8/ports/$VERSION &&
+    ${N_PATCHES:-x} != 0 ]]; then
+    # A release between upstream's fix and v0.19.8 (v0.19.3 to v0.19.7) has no series of its own: it takes
+    # the v0.19.8 follow-up's units in merge order, each as it is or by its port in
+    # patches/v0.19.8/ports/VERSION/, as docs/_generated/followup-releases.json records them.
+    PATCH_DIR=$REPO_ROOT/build/followup-series/$VERSION
+    "${PYTHON:-python3}" "$SCRIPT_DIR/followup_releases.py" --series-for "$VERSION" "$PATCH_DIR" ||
+        die "$E_SERIES" "could not put the v0.19.8 follow-up's series for $VERSION together (see above)"
+fi
 PATCH_DIR=${PATCH_DIR:-$REPO_ROOT/patches/$VERSION}
 [[ $PATCH_DIR == /* ]] || PATCH_DIR=$PWD/$PATCH_DIR
 if [[ ${N_PATCHES:-x} != 0 ]]; then

@@ -5,6 +5,7 @@
     python scripts/followup_releases.py --prepare-port RELEASE UNIT
     python scripts/followup_releases.py --export-port RELEASE UNIT
     python scripts/followup_releases.py --markdown
+    python scripts/followup_releases.py --series-for RELEASE DIR
 
 DeepSpeed v0.19.3 to v0.19.7 have upstream's fix #8148 (its partitioned_param_coordinator.py and
 stage3.py code) and none of the follow-up: forks on them are its users too. For each of those releases
@@ -21,7 +22,10 @@ at world size 1 and 2.
 It writes docs/_generated/followup-releases.json and followup-releases.md (stamped, see docs/_ext/stamps.py;
 --markdown writes the .md again from the .json).
 --tests oldest runs the tests on the oldest release only, --tests none on none (the apply columns only).
---check writes nothing: it fails when what it finds differs from the committed JSON (a unit's or port's
+--series-for writes DIR as a patch directory for scripts/apply.sh (a `series` file and copies of the
+patches): the units in merge order, each as it is or by its port, as the committed table records them on
+RELEASE. apply.sh uses it for those releases, which have no patches/RELEASE/ of their own (build,
+--onto a fork's branch). --check writes nothing: it fails when what it finds differs from the committed JSON (a unit's or port's
 patches changed, a port is stale, a unit applies differently, a patched tree's commit differs) or a test
 that ran fails;
 CI runs `--check --tests oldest`. Trees go to build/followup-releases/. Exit 0 when every release has every
@@ -341,7 +345,13 @@ def main():
     parser.add_argument("--prepare-port", nargs=2, metavar=("RELEASE", "UNIT"))
     parser.add_argument("--export-port", nargs=2, metavar=("RELEASE", "UNIT"))
     parser.add_argument("--markdown", action="store_true", help="only write the markdown table again from the JSON")
+    parser.add_argument("--series-for", nargs=2, metavar=("RELEASE", "DIR"),
+                        help="write DIR as RELEASE's patch series for scripts/apply.sh (from the committed table)")
     args = parser.parse_args()
+    if args.series_for:
+        release, dest = args.series_for
+        series_for(release, Path(dest).resolve())
+        return 0
     units = batches_of(FOLLOWUP)
     if args.markdown:
         data = json.loads(OUT_JSON.read_text())
@@ -392,6 +402,42 @@ def main():
     for problem in problems:
         print(f"NOT OK: {problem}")
     return 1 if problems else 0
+
+
+def series_for(release, dest):
+    """Writes DEST as a patch directory for apply.sh: the follow-up's units on RELEASE, in merge order, each as
+    it is or by its port, as the committed table says they go on. Returns the number of patches."""
+    data = json.loads(OUT_JSON.read_text())
+    entry = next((r for r in data["releases"] if r["release"] == release), None)
+    if entry is None:
+        sys.exit(f"followup_releases.py: {release} is not in {OUT_JSON.relative_to(REPO)} "
+                 f"(releases: {', '.join(r['release'] for r in data['releases'])})")
+    units = batches_of(FOLLOWUP)
+    if dest.exists():
+        # only a directory this wrote before is replaced
+        strays = [p.name for p in dest.iterdir() if p.name != "series" and not p.name.endswith(".patch")]
+        if strays:
+            sys.exit(f"followup_releases.py: {dest} holds other files than a patch series ({', '.join(strays)}); "
+                     "name a new directory")
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    names = []
+    for record in entry["units"]:
+        unit = record["unit"]
+        if record["apply"] == APPLIES:
+            sources = [FOLLOWUP / name for name in units[unit]]
+        elif record["apply"] == PORTED:
+            sources = [port_dir(release, unit) / name for name in port_patches(release, unit)]
+        else:
+            sys.exit(f"followup_releases.py: {unit} does not go on {release} ({record['apply']}): no series for it")
+        for source in sources:
+            # numbered again in the order they go on; the rest of the name is the unit's or port's
+            names.append(f"{len(names) + 1:04d}-{source.name.split('-', 1)[1]}")
+            shutil.copyfile(source, dest / names[-1])
+    (dest / "series").write_text("".join(name + "\n" for name in names))
+    how = ", ".join(f"{r['unit']} {'as it is' if r['apply'] == APPLIES else 'ported'}" for r in entry["units"])
+    print(f"followup_releases.py: {dest}: the follow-up for {release}, {len(names)} patches ({how})")
+    return len(names)
 
 
 def torch_version():

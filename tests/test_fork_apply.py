@@ -121,10 +121,11 @@ def no_operation_in_progress(repo):
     assert git(repo, "status", "--porcelain", "--untracked-files=no") == ""
 
 
-def series_subjects(version):
+def series_subjects(version, directory=None):
+    directory = directory or REPO / "patches" / version
     out = []
-    for name in (REPO / "patches" / version / "series").read_text().split():
-        text = (REPO / "patches" / version / name).read_text()
+    for name in (directory / "series").read_text().split():
+        text = (directory / name).read_text()
         m = re.search(r"^Subject: \[PATCH[^\]]*\] (.*(?:\n .*)*)", text, re.M)
         out.append(" ".join(m.group(1).split()))
     return out
@@ -209,6 +210,33 @@ def test_fork_commit_on_the_series_lines_stops_at_a_normal_conflict(tmp_path, pr
     again = run(["bash", APPLY, version, "--onto", "internal", "--sdist", sdists(version)], cwd=fork)
     assert again.returncode == 0 and "already applied" in again.stdout, again.stderr
     assert git(fork, "log", "--reverse", "--format=%s", f"{own}..internal").splitlines() == subjects
+
+
+def test_fork_on_a_release_between_the_fix_and_v0_19_8_takes_the_follow_up(tmp_path, pristine, sdists):
+    """v0.19.3 to v0.19.7 have upstream's fix and no series directory of their own: apply.sh puts the v0.19.8
+    follow-up's units together for the release (each as it is or by its port, as the committed table records)
+    and --onto brings them onto the fork's branch like any series."""
+    version = "v0.19.6"  # three units as they are and one ported
+    fork = tmp_path / "fork"
+    run(["git", "clone", "-q", "--no-tags", pristine(version), fork], check=True)
+    git(fork, "switch", "-q", "-c", "internal")
+    (fork / OFFLOAD).write_text((fork / OFFLOAD).read_text() + OFFLOAD_TAIL)
+    git(fork, "commit", "-q", "-am", "internal: a helper for our dashboards")
+    own = git(fork, "rev-parse", "HEAD")
+    proc = run(["bash", APPLY, version, "--onto", "internal", "--sdist", sdists(version)], cwd=fork)
+    assert proc.returncode == 0, proc.stderr
+    put_together = REPO / "build" / "followup-series" / version
+    subjects = series_subjects(version, put_together)
+    assert len(subjects) == len((REPO / "patches" / "v0.19.8" / "series").read_text().split())
+    assert git(fork, "log", "--reverse", "--format=%s", f"{own}..internal").splitlines() == subjects
+    no_operation_in_progress(fork)
+    # the result is the release built with the same units plus the fork's change, file for file
+    patched = tmp_path / "patched"
+    run(["bash", APPLY, version, "--sdist", sdists(version), "--dest", patched], check=True)
+    own_change = git(fork, "format-patch", "-1", "--stdout", own) + "\n"
+    subprocess.run(["git", "-C", str(patched), "apply", "-"], input=own_change, text=True, check=True)
+    for path in (COORD, OFFLOAD, "deepspeed/runtime/zero/stage3.py"):
+        assert (fork / path).read_text() == (patched / path).read_text(), path
 
 
 def test_onto_refuses_what_it_cannot_do_safely(tmp_path, pristine, sdists):
