@@ -232,7 +232,9 @@ if [[ -z $PATCH_DIR && ! -d $REPO_ROOT/patches/$VERSION && -d $REPO_ROOT/patches
     # the v0.19.8 follow-up's units in merge order, each as it is or by its port in
     # patches/v0.19.8/ports/VERSION/, as docs/_generated/followup-releases.json records them.
     PATCH_DIR=$REPO_ROOT/build/followup-series/$VERSION
-    "${PYTHON:-python3}" "$SCRIPT_DIR/followup_releases.py" --series-for "$VERSION" "$PATCH_DIR" ||
+    # its one line of what it put together goes to stderr with apply.sh's other messages: stdout is the
+    # checkout's path and commits
+    "${PYTHON:-python3}" "$SCRIPT_DIR/followup_releases.py" --series-for "$VERSION" "$PATCH_DIR" >&2 ||
         die "$E_SERIES" "could not put the v0.19.8 follow-up's series for $VERSION together (see above)"
 fi
 PATCH_DIR=${PATCH_DIR:-$REPO_ROOT/patches/$VERSION}
