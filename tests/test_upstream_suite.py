@@ -4,6 +4,7 @@ and what a missing snapshot does. The runs themselves are tox -e upstream and up
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,61 @@ def test_series_test_paths_are_the_test_files_the_series_adds_or_modifies(tmp_pa
     git("add", "-A")
     git("commit", "-q", "-m", "series")
     assert suite.series_test_paths(tree) == ["unit/v1/zero/test_new.py", "unit/v1/zero/test_old.py"]
+
+
+def _junit(path, cases):
+    path.write_text("<testsuites><testsuite>" + "".join(
+        f'<testcase classname="unit.a.TestX" name="{name}">{"<failure/>" if outcome == "failed" else ""}</testcase>'
+        for name, outcome in cases.items()) + "</testsuite></testsuites>")
+
+
+def test_by_file_reports_resume_and_a_crashed_file_is_one_failed_entry(tmp_path, monkeypatch):
+    tests_dir = tmp_path / "tests"
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (tests_dir / "unit" / "zero").mkdir(parents=True, exist_ok=True)
+        (tests_dir / "unit" / "zero" / name).write_text("")
+    units = suite._test_files(tests_dir, ["unit/zero"])
+    assert units == ["unit/zero/test_a.py", "unit/zero/test_b.py", "unit/zero/test_c.py"]
+    assert suite._shard(units, "2/2") == ["unit/zero/test_b.py"]
+    with pytest.raises(SystemExit, match="K/N"):
+        suite._shard(units, "3/2")
+
+    out = tmp_path / "reports"
+    out.mkdir()
+    _junit(out / suite._report_name("unit/zero/test_a.py"), {"test_kept": "passed"})  # from an earlier run
+    ran = []
+
+    class FakePytest:  # test_b writes its report; test_c dies without one
+
+        def __init__(self, cmd, **kwargs):
+            unit, junit = cmd[-1], cmd[-2].split("=", 1)[1]
+            ran.append(unit)
+            if unit.endswith("test_b.py"):
+                _junit(Path(junit), {"test_ok": "passed", "test_bad": "failed"})
+            self.pid = 0
+
+        def wait(self, timeout=None):
+            return 0 if ran[-1].endswith("test_b.py") else -11
+
+    monkeypatch.setattr(suite.subprocess, "Popen", FakePytest)
+    outcomes = suite._run_by_file(["pytest"], tests_dir, {}, units, out, 60, "t")
+    assert ran == ["unit/zero/test_b.py", "unit/zero/test_c.py"]  # test_a's report was kept
+    assert outcomes == {"unit.a.TestX::test_kept": "passed", "unit.a.TestX::test_ok": "passed",
+                        "unit.a.TestX::test_bad": "failed", "unit/zero/test_c.py": "failed"}
+    assert not list(out.glob("*.partial"))
+
+
+def test_diff_compares_the_files_both_results_hold(tmp_path, capsys):
+    pristine, patched = tmp_path / "pristine", tmp_path / "patched"
+    pristine.mkdir()
+    patched.mkdir()
+    _junit(pristine / "a.xml", {"test_1": "passed", "test_2": "failed"})
+    _junit(patched / "a.xml", {"test_1": "failed", "test_2": "passed"})
+    _junit(pristine / "b.xml", {"test_3": "passed"})  # not run on the patched tree yet
+    assert suite.diff(pristine, patched) == 1
+    out = capsys.readouterr().out
+    assert "only the pristine results have b.xml: not compared" in out
+    assert "REGRESSION unit.a.TestX::test_1: passed -> failed" in out
+    assert "compared 1 file(s)" in out
+    _junit(patched / "a.xml", {"test_1": "passed", "test_2": "passed"})
+    assert suite.diff(pristine, patched) == 0

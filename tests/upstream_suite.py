@@ -2,8 +2,10 @@
 compare a patched tree with its pristine release: no test may fail with the patches that passes
 without them.
 
-    python -m tests.upstream_suite run [--tests SRC] [--ranks N] [--junit FILE] TREE [PATH ...] [-- ARG ...]
+    python -m tests.upstream_suite run [--tests SRC] [--ranks N] [--junit FILE | --by-file DIR [--shard K/N]]
+                                       TREE [PATH ...] [-- ARG ...]
     python -m tests.upstream_suite compare [--tests SRC] [--ranks N] [--out DIR] PRISTINE PATCHED [PATH ...]
+    python -m tests.upstream_suite diff PRISTINE_RESULTS PATCHED_RESULTS
 
 TREE is a DeepSpeed tree (the deepspeed/ package; scripts/apply.sh makes one). Its own tests/ are used
 when it has upstream's harness (tests/unit/common.py), as the v0.19.8 trees do (apply.sh adds upstream's
@@ -22,6 +24,14 @@ tests/upstream_compat/standins/ takes its place.
 
 ``compare`` runs the same PATHs on both trees (pristine first) and prints each test whose outcome
 differs; it exits 1 when a test that passed on PRISTINE fails, errors or is missing on PATCHED.
+
+The whole of the three directories is about 800 tests, hours a tree on 2 cores. ``run --by-file DIR``
+runs one pytest per test file and writes DIR/<file>.xml; a file whose report is already there is not run
+again, so a run that was stopped goes on where it was, and ``--shard K/N`` (the K-th of every N files)
+splits the files between processes or hosts that each write into their own DIR (or the same one). A
+file's pytest that ends without a report, or outlives --file-timeout, is recorded as one failed entry
+named after the file. ``diff`` compares two such results (directories of reports, or single reports) as
+``compare`` does, over the files both hold, and names the files only one of them holds.
 """
 
 import argparse
@@ -109,13 +119,77 @@ def _test_file_from_elsewhere(path):
     return Path(*parts[cut + 1:])
 
 
-def run(tree, tests, ranks, junit, paths, pytest_args, label=None):
+def _report_name(unit):
+    """The file name of a test file's (or node id's) report in a --by-file directory."""
+    return unit.replace("/", "__").replace("::", "--") + ".xml"
+
+
+def _write_failed_report(junit, unit, message):
+    suite_el = ET.Element("testsuite")
+    case = ET.SubElement(suite_el, "testcase", classname="", name=unit)
+    ET.SubElement(case, "error", message=message)
+    root = ET.Element("testsuites")
+    root.append(suite_el)
+    ET.ElementTree(root).write(junit, encoding="unicode")
+
+
+def _test_files(tests_dir, paths):
+    """PATHS with every directory expanded to its test files (test_*.py, sorted), relative to tests/."""
+    units = []
+    for path in paths:
+        if "::" not in path and (tests_dir / path).is_dir():
+            units += sorted(str(f.relative_to(tests_dir)) for f in (tests_dir / path).rglob("test_*.py"))
+        else:
+            units.append(path)
+    return list(dict.fromkeys(units))
+
+
+def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label):
+    """Run one pytest per unit, each writing its report into OUT_DIR (kept reports are reused)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes, reused = {}, 0
+    for number, unit in enumerate(units, 1):
+        junit = out_dir / _report_name(unit)
+        if junit.is_file():
+            reused += 1
+        else:
+            partial = junit.with_suffix(".partial")
+            start = time.monotonic()
+            proc = subprocess.Popen([*cmd, f"--junitxml={partial}", unit], cwd=tests_dir, env=env,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=file_timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                code = None
+            if code is None:
+                _write_failed_report(partial, unit, f"no report: pytest outlived --file-timeout {file_timeout} s")
+            elif not partial.is_file():
+                _write_failed_report(partial, unit, f"no report: pytest exited {code}")
+            partial.replace(junit)
+            print(f"== {label}: [{number}/{len(units)}] {unit}: {_summary(_outcomes(junit))} "
+                  f"in {time.monotonic() - start:.0f} s", flush=True)
+        outcomes.update(_outcomes(junit))
+    if reused:
+        print(f"== {label}: {reused} of {len(units)} file(s) already had a report in {out_dir}", flush=True)
+    return outcomes
+
+
+def _shard(units, shard):
+    k, _, n = (shard or "1/1").partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise SystemExit(f"--shard must be K/N with 1 <= K <= N, got {shard!r}")
+    return units[int(k) - 1::int(n)]
+
+
+def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None, shard=None, file_timeout=1800):
     """Run upstream's tests in PATHS against TREE; returns ({test id: outcome}, seconds). A PATH is relative
     to tests/, or a path to a file under some other tree's tests/, which then replaces the copy's file."""
     tree = Path(tree).resolve()
     if not (tree / "deepspeed" / "__init__.py").is_file():
         raise SystemExit(f"{tree} is not a DeepSpeed tree (no deepspeed/__init__.py)")
-    label = label or tree.name
+    label = (label or tree.name) + (f"-shard{shard.replace('/', 'of')}" if shard else "")
     scratch = REPO_ROOT / "build" / "upstream-suite" / label
     tests_dir, src, standin = prepare(tree, tests, scratch)
     relative = []
@@ -140,13 +214,19 @@ def run(tree, tests, ranks, junit, paths, pytest_args, label=None):
     env.setdefault("DS_ACCELERATOR", os.environ.get("ZERO3_TEST_DEVICE", "cpu"))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / "build" / "upstream-suite" / "torch_extensions"))
     env.setdefault("DS_BUILD_OPS", "0")
-    junit = Path(junit).resolve() if junit else scratch / "junit.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-           f"--junitxml={junit}", *pytest_args, *paths]
+           *pytest_args]
     print(f"== {label}: upstream's tests from {src}{' (stand-in for test_zero_user_backward.py)' if standin else ''}, "
           f"{ranks} rank(s), {env['DS_ACCELERATOR']}: {' '.join(paths)}", flush=True)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tests_dir, env=env)
+    if by_file:
+        units = _shard(_test_files(tests_dir, paths), shard)
+        outcomes = _run_by_file(cmd, tests_dir, env, units, Path(by_file).resolve(), file_timeout, label)
+        seconds = time.monotonic() - start
+        print(f"== {label}: {_summary(outcomes)} in {seconds:.0f} s ({len(units)} file(s))", flush=True)
+        return outcomes, seconds
+    junit = Path(junit).resolve() if junit else scratch / "junit.xml"
+    proc = subprocess.run([*cmd, f"--junitxml={junit}", *paths], cwd=tests_dir, env=env)
     seconds = time.monotonic() - start
     if not junit.is_file():
         raise SystemExit(f"pytest wrote no report (exit {proc.returncode}); see its output above")
@@ -191,6 +271,40 @@ def compare(pristine, patched):
     return lines, regressions
 
 
+def _results(source):
+    """{report name: {test id: outcome}} of a report file or a --by-file directory of them."""
+    source = Path(source)
+    if source.is_dir():
+        reports = sorted(source.glob("*.xml"))
+        if not reports:
+            raise SystemExit(f"{source} holds no report (*.xml): run `run --by-file {source}` first")
+        return {r.name: _outcomes(r) for r in reports}
+    if source.is_file():
+        return {source.name: _outcomes(source)}
+    raise SystemExit(f"{source}: no such report or directory of reports")
+
+
+def diff(pristine_source, patched_source):
+    """Compare two results over the reports both hold; returns the exit code."""
+    pristine, patched = _results(pristine_source), _results(patched_source)
+    if Path(pristine_source).is_dir() and Path(patched_source).is_dir():
+        shared = sorted(set(pristine) & set(patched))
+        for role, results in (("pristine", pristine), ("patched", patched)):
+            for name in sorted(set(results) - set(shared)):
+                print(f"  only the {role} results have {name}: not compared")
+    else:
+        shared = None
+    before = {t: o for name, tests in pristine.items() if shared is None or name in shared for t, o in tests.items()}
+    after = {t: o for name, tests in patched.items() if shared is None or name in shared for t, o in tests.items()}
+    lines, regressions = compare(before, after)
+    files = f"{len(shared)} file(s)" if shared is not None else "one report each"
+    print(f"compared {files}: pristine {_summary(before)}; patched {_summary(after)}")
+    print(f"{len(lines)} test(s) changed outcome" + (":" if lines else ""))
+    print("\n".join(lines)) if lines else None
+    print(f"{regressions} regression(s)")
+    return 1 if regressions else 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     pytest_args = []
@@ -200,6 +314,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tests.upstream_suite", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("diff", help="compare two results of `run` (reports or --by-file directories)")
+    p.add_argument("results", nargs=2, metavar="RESULTS")
     for name in ("run", "compare"):
         p = sub.add_parser(name)
         p.add_argument("trees", nargs=1 if name == "run" else 2, metavar="TREE")
@@ -207,13 +323,24 @@ def main(argv=None):
         p.add_argument("--ranks", type=int, default=2, help="LOCAL_SIZE: the most ranks a test may use (default 2)")
         p.add_argument("paths", nargs="*", metavar="PATH", help="test paths relative to tests/")
         if name == "run":
-            p.add_argument("--junit", help="where to write the JUnit XML report")
+            where = p.add_mutually_exclusive_group()
+            where.add_argument("--junit", help="where to write the JUnit XML report")
+            where.add_argument("--by-file", metavar="DIR",
+                               help="one pytest and one report per test file, in DIR; files with a report are skipped")
+            p.add_argument("--shard", metavar="K/N", help="with --by-file: only the K-th of every N test files")
+            p.add_argument("--file-timeout", type=int, default=1800, metavar="S",
+                           help="with --by-file: seconds a file's pytest may take (default 1800)")
         else:
             p.add_argument("--out", help="directory for both JUnit XML reports (default build/upstream-suite)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "diff":
+            return diff(*args.results)
         if args.command == "run":
-            outcomes, _ = run(args.trees[0], args.tests, args.ranks, args.junit, args.paths, pytest_args)
+            if args.shard and not args.by_file:
+                parser.error("--shard needs --by-file")
+            outcomes, _ = run(args.trees[0], args.tests, args.ranks, args.junit, args.paths, pytest_args,
+                              by_file=args.by_file, shard=args.shard, file_timeout=args.file_timeout)
             return 1 if FAILED in outcomes.values() else 0
         out = Path(args.out or REPO_ROOT / "build" / "upstream-suite")
         out.mkdir(parents=True, exist_ok=True)
