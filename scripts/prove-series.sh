@@ -121,14 +121,45 @@ if ((FORK_MODE)); then
     exit $?
 fi
 status=0
+rows=()  # one table row per prefix, for the record below
 for n in "${prefixes[@]}"; do
     dest=build/deepspeed-$VERSION-p$n
     echo "== prefix $n: $dest"
+    start=$SECONDS
     bash scripts/apply.sh "$VERSION" --patches "$n" --dest "$dest"
     install "$dest"
-    if ! ZERO3_PREFIX_PROOF=1 ZERO3_SERIES_PREFIX=$n "$PYTHON" -m pytest -q tests/test_frozen_ckpt.py tests/test_hf_llama_peft.py; then
+    log=$dest.pytest.log
+    ZERO3_PREFIX_PROOF=1 ZERO3_SERIES_PREFIX=$n "$PYTHON" -m pytest -q -p no:cacheprovider \
+        tests/test_frozen_ckpt.py tests/test_hf_llama_peft.py 2>&1 | tee "$log"
+    proof=ok
+    if ((PIPESTATUS[0])); then
         echo "== prefix $n: FAILED" >&2
-        status=1
+        status=1 proof=FAILED
     fi
+    patch=$(sed -n "${n}p" "patches/$VERSION/series")
+    subject=$("$PYTHON" -c 'import email, re, sys
+print(re.sub(r"^\[PATCH[^]]*\] ", "", " ".join(email.message_from_file(open(sys.argv[1]))["Subject"].split())))' \
+        "patches/$VERSION/$patch")
+    outcome=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -1 | sed 's/^=* *//; s/ *=*$//')
+    rows+=("| $n | ${subject//|/\\|} | $proof | $outcome | $((SECONDS - start)) |")
 done
+# Every prefix proven (the default): the record CI checks instead of running this again
+# (docs/_generated/bisect-VERSION.md, stamped with the series it proved; the docs build fails once the
+# series changes and the record is not made again).
+if ((status == 0 && ${#@} == 0)); then
+    record=docs/_generated/bisect-$VERSION.md
+    torch=$("$PYTHON" -c 'import torch; print(torch.__version__)')
+    {
+        echo "Each prefix of the $VERSION series, proven by \`scripts/prove-series.sh\` (\`tox -e bisect\`) on"
+        echo "$(date -u +%Y-%m-%d), CPU, torch $torch, world size ${ZERO3_WORLD_SIZE:-2}: with the first N patches the"
+        echo "tests of patch N and the guards pass, and the scenarios of patch N+1 still fail (so patch N+1 is"
+        echo "needed). The whole series is \`tox -e cpu\`; no patch at all is \`tox -e pristine\`."
+        echo
+        echo "| N | patch N | proof | pytest | seconds |"
+        echo "|---|---|---|---|---|"
+        printf '%s\n' "${rows[@]}"
+    } >"$record"
+    "$PYTHON" scripts/stamp-generated.py --series "$VERSION" --deepspeed "${VERSION#v}" \
+        --trees "$VERSION + patches 1 to ${prefixes[-1]}" --command "tox -e bisect" "$record"
+fi
 exit $status

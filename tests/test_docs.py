@@ -427,6 +427,17 @@ def test_generated_inputs_carry_the_current_series_stamp():
     assert not problems, "\n".join(problems)
 
 
+def test_bisect_record_proves_every_prefix_of_the_series():
+    """CI does not run tox -e bisect: its record stands for it, so it must be of the current series (the stamp
+    check above) and hold a passing row for every prefix scripts/prove-series.sh proves."""
+    record = DOCS / "_generated" / "bisect-v0.19.2.md"
+    assert record.is_file(), "no bisect record: run `tox -e bisect` (it writes docs/_generated/bisect-v0.19.2.md)"
+    series = (ROOT / "patches" / "v0.19.2" / "series").read_text().split()
+    prefixes = range(1, sum("-tests-" not in name for name in series))
+    rows = {int(m[1]): m[2] for m in re.finditer(r"^\| (\d+) \| .*? \| (\w+) \| .* \| \d+ \|$", record.read_text(), re.M)}
+    assert sorted(rows) == list(prefixes), f"{record.name} proves prefixes {sorted(rows)}, the series has {list(prefixes)}"
+    assert set(rows.values()) == {"ok"}, f"{record.name}: prefixes not proven: {[n for n, r in rows.items() if r != 'ok']}"
+
 
 # --------------------------------------------------------------------------- length and numbers of the documents
 
