@@ -55,8 +55,8 @@ _GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the curren
 _GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
                     "and the runs since then went to the test suite and to the batches' GPU paths")
 _CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
-_GPU_WS1_V0192 = ("The one-GPU benchmark has not been run on the series with patch 0023 (no backward functions in a "
-                  "non-reentrant recompute): no GPU could be started in the session that added it")
+_GPU_WS1_V0192 = ("The H200 benchmark has not been run on the series with patch 0023 (no backward functions in a "
+                  "non-reentrant recompute); bench-ws1-h100-v0.19.2.md has batch 4 with it, on an H100")
 generated_historical = {
     "cpu-bookkeeping.md": _CPU_SERIES_20,
     "host-overhead.md": _CPU_SERIES_20,
