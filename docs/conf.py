@@ -55,8 +55,6 @@ _GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the curren
 _GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
                     "and the runs since then went to the test suite and to the batches' GPU paths")
 _CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
-_GPU_WS1_V0192 = ("The H200 benchmark has not been run on the series with patch 0023 (no backward functions in a "
-                  "non-reentrant recompute); bench-ws1-h100-v0.19.2.md has batch 4 with it, on an H100")
 generated_historical = {
     "cpu-bookkeeping.md": _CPU_SERIES_20,
     "host-overhead.md": _CPU_SERIES_20,
@@ -68,16 +66,6 @@ generated_historical = {
     "bench-followup-v0.19.8.png": _GPU_BENCH_V0198,
     # the follow-up's runs, and the floor and v0.19.8 runs of the same bench (stamped with series-8)
     "bench-runs/followup-v0.19.8/": _GPU_BENCH_V0198,
-    "bench-ws1-v0.19.2.md": _GPU_WS1_V0192,
-    "bench-ws1-b16-v0.19.2.md": _GPU_WS1_V0192,
-    "no-frozen-overhead-v0.19.2.md": _GPU_WS1_V0192,
-    # the one-GPU runs of the v0.19.2 trees and of pristine v0.19.8 (stamped with the v0.19.2 series they were
-    # made beside; the follow-up's runs carry the v0.19.8 stamp, current)
-    **{
-        f"bench-runs/ws1-h200/{run}.json": _GPU_WS1_V0192
-        for run in ["b16-v0192-pristine-1", "b16-v0192-series-new-1"] +
-        [f"b4-{tree}-{n}" for tree in ("v0192-pristine", "v0192-series-new", "v0198-pristine") for n in (1, 2, 3)]
-    },
 }
 
 html_theme = "furo"

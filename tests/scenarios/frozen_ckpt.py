@@ -862,26 +862,3 @@ def _accelerator_stream_stand_in():
         yield
     finally:
         accelerator.Stream = original
-
-
-def recompute_makes_no_backward_functions(*, checkpointing="module"):
-    """LoRA blocks under torch's non-reentrant checkpoint. The engine runs backward through the graph
-    of the forward; the graph the recompute builds only yields the tensors the forward saved. So
-    every pre-backward that ZeRO-3 counts on a module (applied_pre_backward_ref_cnt) runs in that
-    backward, and none is left counted after it: the recompute arms none. v0.19.2: CheckpointError
-    (recomputed shape [0]) in the first backward; with a recompute that wraps the recomputed outputs
-    for a pre-backward that never runs, each checkpointed module is left one count per step."""
-    config = lifecycle_config()
-    factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config)
-
-    def no_pre_backward_left(engine):
-        left = {name: module.__dict__.get("applied_pre_backward_ref_cnt", 0)
-                for name, module in engine.module.named_modules()}
-        left = {name: count for name, count in left.items() if count}
-        assert not left, f"pre-backward counted and never run, by module: {left}"
-
-    try:
-        return train(engine, reference, _inputs(engine), steps=2, after_backward=no_pre_backward_left)
-    finally:
-        engine.destroy()
