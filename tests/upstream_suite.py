@@ -299,9 +299,15 @@ def diff(pristine_source, patched_source):
     lines, regressions = compare(before, after)
     files = f"{len(shared)} file(s)" if shared is not None else "one report each"
     print(f"compared {files}: pristine {_summary(before)}; patched {_summary(after)}")
+    return _print_changes(lines, regressions)
+
+
+def _print_changes(lines, regressions):
+    """Print what compare() found, for `compare` and `diff`; returns the exit code."""
     print(f"{len(lines)} test(s) changed outcome" + (":" if lines else ""))
-    print("\n".join(lines)) if lines else None
-    print(f"{regressions} regression(s)")
+    for line in lines:
+        print(line)
+    print(f"{regressions} regression(s): {'none' if not regressions else 'a test that passes on pristine does not pass patched'}")
     return 1 if regressions else 0
 
 
@@ -356,10 +362,7 @@ def main(argv=None):
         print(f"\nupstream's tests, {args.ranks} rank(s) at most, {' '.join(args.paths or DEFAULT_PATHS)}:")
         for role, tree, (outcomes, seconds) in zip(("pristine", "patched"), args.trees, results):
             print(f"  {role:8} {tree}: {_summary(outcomes)} ({seconds:.0f} s)")
-        print(f"{len(lines)} test(s) changed outcome" + (":" if lines else ""))
-        print("\n".join(lines)) if lines else None
-        print(f"{regressions} regression(s): {'none' if not regressions else 'a test that passes on pristine does not pass patched'}")
-        return 1 if regressions else 0
+        return _print_changes(lines, regressions)
     except Skip as reason:
         print(f"skipped: {reason}")
         return 0
