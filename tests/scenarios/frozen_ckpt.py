@@ -654,16 +654,6 @@ def eval_forward():
     return result
 
 
-def gradient_penalty_in_region(*, checkpointing="module", first_layer="linear"):
-    """A checkpointed block that calls torch.autograd.grad in its forward: the recompute runs that
-    backward again, through the graph it records. A first layer that keeps its weight on ctx
-    ("stashed") must find it gathered there; torch's linear saves a view of it. Guard: a fully
-    trainable model, which v0.19.2 trains. v0.19.2 keeps the first layer of each block gathered
-    from that backward to the optimizer step, the series too: quiescence is checked there."""
-    factory = functools.partial(models.gradient_penalty_stack, DIM, 2, checkpointing, first_layer == "stashed")
-    return _build_and_train(factory, lifecycle_config(), quiescent_after_backward=False)
-
-
 def counter_across_steps(*, checkpointing="none", steps=3):
     """No frozen parameter, DeepSpeed's default ZeRO-3 settings: the available-parameter counter
     must never go negative. v0.19.2 zeroes it at every root forward while parameters gathered in
@@ -872,26 +862,3 @@ def _accelerator_stream_stand_in():
         yield
     finally:
         accelerator.Stream = original
-
-
-def recompute_makes_no_backward_functions(*, checkpointing="module"):
-    """LoRA blocks under torch's non-reentrant checkpoint. The engine runs backward through the graph
-    of the forward; the graph the recompute builds only yields the tensors the forward saved. So
-    every pre-backward that ZeRO-3 counts on a module (applied_pre_backward_ref_cnt) runs in that
-    backward, and none is left counted after it: the recompute arms none. v0.19.2: CheckpointError
-    (recomputed shape [0]) in the first backward; with a recompute that wraps the recomputed outputs
-    for a pre-backward that never runs, each checkpointed module is left one count per step."""
-    config = lifecycle_config()
-    factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
-    engine, reference = build(factory, config)
-
-    def no_pre_backward_left(engine):
-        left = {name: module.__dict__.get("applied_pre_backward_ref_cnt", 0)
-                for name, module in engine.module.named_modules()}
-        left = {name: count for name, count in left.items() if count}
-        assert not left, f"pre-backward counted and never run, by module: {left}"
-
-    try:
-        return train(engine, reference, _inputs(engine), steps=2, after_backward=no_pre_backward_left)
-    finally:
-        engine.destroy()

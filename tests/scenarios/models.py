@@ -427,53 +427,6 @@ def detaching_stack(dim=8, depth=2, checkpointing="reentrant"):
     return Stack([DetachingBlock(dim) for _ in range(depth)], dim, checkpointing)
 
 
-class StashedWeightLinear(torch.autograd.Function):
-    """x @ weight.t() that keeps the trainable ``weight`` on ``ctx`` instead of saving it: backward
-    reads the parameter itself, not a saved copy, so it must be gathered then."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.weight = weight
-        ctx.save_for_backward(x)
-        return x @ weight.t()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x, ) = ctx.saved_tensors
-        return grad @ ctx.weight, grad.t() @ x
-
-
-class StashedLinear(torch.nn.Module):
-
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
-
-    def forward(self, x):
-        return StashedWeightLinear.apply(x, self.weight)
-
-
-class GradientPenaltyBlock(torch.nn.Module):
-    """A block whose forward differentiates through its first layer (a gradient penalty, as
-    WGAN-GP or input-gradient regularisers compute it) and feeds that gradient on. Under a
-    non-reentrant checkpoint the recompute runs this backward again, through the graph the
-    recompute itself records. With ``stashed`` the first layer's backward reads its weight from
-    ctx."""
-
-    def __init__(self, dim, stashed=False):
-        super().__init__()
-        self.first = StashedLinear(dim) if stashed else torch.nn.Linear(dim, dim)
-        self.second = torch.nn.Linear(dim, dim)
-
-    def forward(self, x):
-        (input_grad, ) = torch.autograd.grad(self.first(x).sin().sum(), x, create_graph=True)
-        return self.second(input_grad).cos()
-
-
-def gradient_penalty_stack(dim=8, depth=2, checkpointing="module", stashed=False):
-    return Stack([GradientPenaltyBlock(dim, stashed) for _ in range(depth)], dim, checkpointing)
-
-
 def lora_stack(dim=8, depth=2, checkpointing="module"):
     return Stack([LoRABlock(dim) for _ in range(depth)], dim, checkpointing)
 

@@ -375,16 +375,13 @@ def train(engine,
           after_backward=None,
           after_forward=None,
           counter=True,
-          unused_params=(),
-          quiescent_after_backward=True):
+          unused_params=()):
     """Trains ZeRO-3 and the reference side by side on identical micro-batches.
 
     Checks after every backward: quiescence (I1), and with ``counter`` a non-negative available-
     parameter counter (I7); after the last micro-batch of each step: the gradients, against the
     reference's. ``unused_params`` names trainable parameters the forward does not use: the
-    reference has no gradient for them, ZeRO-3 must have zeros. Without
-    ``quiescent_after_backward`` quiescence is checked after the optimizer step only. Returns the
-    losses of both.
+    reference has no gradient for them, ZeRO-3 must have zeros. Returns the losses of both.
     """
     losses, reference_losses = [], []
     for step in range(steps):
@@ -395,8 +392,7 @@ def train(engine,
             if after_forward is not None:
                 after_forward(engine)
             engine.backward(loss)
-            if quiescent_after_backward:
-                assert_quiescent(engine, f"after backward of step {step}, micro-batch {micro}", counter)
+            assert_quiescent(engine, f"after backward of step {step}, micro-batch {micro}", counter)
             if after_backward is not None:
                 after_backward(engine)
 
