@@ -125,6 +125,17 @@ V0198 = {
     "test_engine_compile": 0,
     "test_full_finetune_release_order_unchanged": 0,  # v0.19.2's golden traces hold on v0.19.8, defaults too
     "test_eval_forward_unchanged": 0,
+    # v0.19.8 applies its backward functions in a non-reentrant recompute too: each checkpointed
+    # module keeps one pre-backward count per step
+    "test_recompute_makes_no_backward_functions": GAP,
+    "test_gradient_penalty_in_checkpointed_region": 0,
+    # the forward's graph run twice (autograd.grad with the graph retained, then backward): v0.19.8
+    # fails "active_backward_submodules is empty during backward pass", or a size-0 parameter in the
+    # second run; with the follow-up too, or every parameter stays gathered after backward (15's
+    # per-invocation counter runs out in the first run)
+    "test_input_gradient_penalty": GAP,
+    "test_input_gradient_of_repeated_blocks": GAP,
+    "test_input_gradient_of_one_branch": GAP,
     "test_hf_llama_peft_lora": 4,  # v0.19.8: available-parameter count negative (-1024)
     "test_hf_llama_peft_lora_half_precision": 4,  # the same
     "test_hf_trainer_with_zero3_config": 0,

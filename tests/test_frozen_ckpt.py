@@ -533,3 +533,38 @@ def test_full_finetune_release_order_unchanged(scenario, settings, checkpointing
 @pytest.mark.needs_patch(0)
 def test_eval_forward_unchanged(scenario):
     scenario(f"{FROZEN}:eval_forward")
+
+
+@pytest.mark.needs_patch(23)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+def test_recompute_makes_no_backward_functions(scenario, checkpointing):
+    scenario(f"{FROZEN}:recompute_makes_no_backward_functions", checkpointing=checkpointing)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.parametrize("checkpointing", ["module", "function"])
+@pytest.mark.parametrize("first_layer", ["linear", "stashed"])
+def test_gradient_penalty_in_checkpointed_region(scenario, checkpointing, first_layer):
+    scenario(f"{FROZEN}:gradient_penalty_in_region", checkpointing=checkpointing, first_layer=first_layer)
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("graph", ["retain", "create"])
+def test_input_gradient_penalty(scenario, graph):
+    scenario(f"{FROZEN}:input_gradient_penalty", graph=graph)
+
+
+@pytest.mark.needs_patch(3)
+@pytest.mark.invariants("I1")
+def test_input_gradient_of_repeated_blocks(scenario):
+    scenario(f"{FROZEN}:input_gradient_penalty", graph="retain", model="repeated")
+
+
+@pytest.mark.needs_patch(0)
+@pytest.mark.invariants("I1")
+@pytest.mark.parametrize("branches", ["first", "both"])
+def test_input_gradient_of_one_branch(scenario, branches):
+    scenario(f"{FROZEN}:input_gradient_of_one_branch", branches=branches)
+

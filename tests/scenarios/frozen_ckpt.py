@@ -654,6 +654,16 @@ def eval_forward():
     return result
 
 
+def gradient_penalty_in_region(*, checkpointing="module", first_layer="linear"):
+    """A checkpointed block that calls torch.autograd.grad in its forward: the recompute runs that
+    backward again, through the graph it records. A first layer that keeps its weight on ctx
+    ("stashed") must find it gathered there; torch's linear saves a view of it. Guard: a fully
+    trainable model, which v0.19.2 trains. v0.19.2 keeps the first layer of each block gathered
+    from that backward to the optimizer step, the series too: quiescence is checked there."""
+    factory = functools.partial(models.gradient_penalty_stack, DIM, 2, checkpointing, first_layer == "stashed")
+    return _build_and_train(factory, lifecycle_config(), quiescent_after_backward=False)
+
+
 def counter_across_steps(*, checkpointing="none", steps=3):
     """No frozen parameter, DeepSpeed's default ZeRO-3 settings: the available-parameter counter
     must never go negative. v0.19.2 zeroes it at every root forward while parameters gathered in
@@ -862,3 +872,91 @@ def _accelerator_stream_stand_in():
         yield
     finally:
         accelerator.Stream = original
+
+
+def recompute_makes_no_backward_functions(*, checkpointing="module"):
+    """LoRA blocks under torch's non-reentrant checkpoint. The engine runs backward through the graph
+    of the forward; the graph the recompute builds only yields the tensors the forward saved. So
+    every pre-backward that ZeRO-3 counts on a module (applied_pre_backward_ref_cnt) runs in that
+    backward, and none is left counted after it: the recompute arms none. v0.19.2: CheckpointError
+    (recomputed shape [0]) in the first backward; with a recompute that wraps the recomputed outputs
+    for a pre-backward that never runs, each checkpointed module is left one count per step."""
+    config = lifecycle_config()
+    factory = functools.partial(models.lora_stack, DIM, 2, checkpointing)
+    engine, reference = build(factory, config)
+
+    def no_pre_backward_left(engine):
+        left = {name: module.__dict__.get("applied_pre_backward_ref_cnt", 0)
+                for name, module in engine.module.named_modules()}
+        left = {name: count for name, count in left.items() if count}
+        assert not left, f"pre-backward counted and never run, by module: {left}"
+
+    try:
+        return train(engine, reference, _inputs(engine), steps=2, after_backward=no_pre_backward_left)
+    finally:
+        engine.destroy()
+
+
+def input_gradient_penalty(*, graph="retain", model="checkpointed"):
+    """torch.autograd.grad of the loss with respect to the model's input, outside the forward, then
+    engine.backward: the forward's graph runs twice. ``graph="retain"`` keeps it for the second
+    run (a gradient norm computed for logging), ``"create"`` differentiates the input gradient
+    again (a penalty added to the loss). A fully trainable model. ``model="checkpointed"``: every
+    module with parameters under a non-reentrant checkpoint, so both backwards recompute it; guard:
+    v0.19.2 trains it exactly like the reference, leaving nothing gathered after backward.
+    ``"repeated"``: no checkpointing, each block run twice; v0.19.2 fails the second backward (a
+    parameter of size 0: the first one's post-backward released it and nothing gathers it again)."""
+    if graph not in ("retain", "create"):
+        raise ValueError(f"graph must be 'retain' or 'create', got {graph!r}")
+    factories = {
+        "checkpointed": functools.partial(models.fully_checkpointed_stack, DIM, 2),
+        "repeated": lambda: models.Stack([models.NormLinear(DIM) for _ in range(2)], DIM, "none", repeat=2),
+    }
+    engine, reference = build(factories[model], lifecycle_config())
+
+    def loss_of(net, x):
+        out = net(x)
+        (input_grad, ) = torch.autograd.grad(out, x, retain_graph=True, create_graph=graph == "create")
+        return out + input_grad.pow(2).sum() if graph == "create" else out
+
+    return _train_with_extra_backwards(engine, reference, loss_of, n_inputs=1)
+
+
+def input_gradient_of_one_branch(*, branches="first"):
+    """A model of two inputs, each through a Linear, merged by a module that multiplies two
+    Linears of them, then a head, every module checkpointed: torch.autograd.grad of the loss with
+    respect to the input of each branch in ``branches`` ("first", or "both", one after the other),
+    graph retained, then engine.backward. The merging module gets its input grads in different
+    backwards. Guard: v0.19.2 trains it exactly like the reference, leaving nothing gathered."""
+    order = {"first": (0, ), "both": (0, 1)}[branches]
+    engine, reference = build(functools.partial(models.TwoBranchModel, DIM), lifecycle_config())
+
+    def loss_of(net, *xs):
+        out = net(*xs)
+        for i in order:
+            torch.autograd.grad(out, xs[i], retain_graph=True)
+        return out
+
+    return _train_with_extra_backwards(engine, reference, loss_of, n_inputs=2)
+
+
+def _train_with_extra_backwards(engine, reference, loss_of, *, n_inputs, steps=2):
+    """Two steps of ``loss_of`` (which runs backwards of its own before returning the loss) and
+    engine.backward, against the reference; quiescent after every backward and step."""
+    losses = []
+    try:
+        for step in range(steps):
+            xs = [batch(10 * step + i, (2, DIM), device=engine.device, requires_grad=True) for i in range(n_inputs)]
+            loss = loss_of(engine, *xs)
+            engine.backward(loss)
+            assert_quiescent(engine, f"after the backward of step {step}")
+            reference.zero_grad()
+            loss_of(reference, *[x.detach().clone().requires_grad_() for x in xs]).backward()
+            assert_grads_match(engine, reference_grads(reference), exact=True, when=f"in step {step}")
+            engine.step()
+            sync_reference(engine, reference)
+            assert_quiescent(engine, f"after optimizer step {step}")
+            losses.append(loss.item())
+    finally:
+        engine.destroy()
+    return {"losses": losses}

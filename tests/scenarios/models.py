@@ -335,6 +335,52 @@ class Stack(torch.nn.Module):
         return self.head(x).pow(2).mean()
 
 
+class FullyCheckpointedStack(Stack):
+    """Stack with its head checkpointed too: every module that holds parameters runs under
+    ``checkpointing``, so every one of them is recomputed in each backward."""
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = run_checkpointed(block, self.checkpointing, x)
+        return run_checkpointed(self.head, self.checkpointing, x).pow(2).mean()
+
+
+def fully_checkpointed_stack(dim=8, depth=2, checkpointing="module"):
+    return FullyCheckpointedStack([NormLinear(dim) for _ in range(depth)], dim, checkpointing)
+
+
+class Gate(torch.nn.Module):
+    """Two inputs, each through a Linear of its own, multiplied: a module whose input grads can
+    come in different backwards."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.a = torch.nn.Linear(dim, dim)
+        self.b = torch.nn.Linear(dim, dim)
+
+    def forward(self, u, v):
+        return self.a(u) * self.b(v)
+
+
+class TwoBranchModel(torch.nn.Module):
+    """Two inputs, a Linear each, merged by a Gate, then a head; every module checkpointed."""
+
+    def __init__(self, dim=8, checkpointing="module"):
+        super().__init__()
+        self.first = torch.nn.Linear(dim, dim)
+        self.second = torch.nn.Linear(dim, dim)
+        self.gate = Gate(dim)
+        self.head = torch.nn.Linear(dim, 2)
+        self.checkpointing = checkpointing
+
+    def forward(self, x1, x2):
+        def run(module, *inputs):
+            return run_checkpointed(module, self.checkpointing, *inputs)
+
+        merged = run(self.gate, run(self.first, x1), run(self.second, x2))
+        return run(self.head, merged).pow(2).mean()
+
+
 def frozen_norm_stack(dim=8, depth=2, checkpointing="module", relu=False, repeat=1, bias=True):
     blocks = [NormLinear(dim, relu=relu, bias=bias) for _ in range(depth)]
     for block in blocks:
@@ -425,6 +471,53 @@ class DetachingBlock(NormLinear):
 
 def detaching_stack(dim=8, depth=2, checkpointing="reentrant"):
     return Stack([DetachingBlock(dim) for _ in range(depth)], dim, checkpointing)
+
+
+class StashedWeightLinear(torch.autograd.Function):
+    """x @ weight.t() that keeps the trainable ``weight`` on ``ctx`` instead of saving it: backward
+    reads the parameter itself, not a saved copy, so it must be gathered then."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.weight = weight
+        ctx.save_for_backward(x)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x, ) = ctx.saved_tensors
+        return grad @ ctx.weight, grad.t() @ x
+
+
+class StashedLinear(torch.nn.Module):
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+
+    def forward(self, x):
+        return StashedWeightLinear.apply(x, self.weight)
+
+
+class GradientPenaltyBlock(torch.nn.Module):
+    """A block whose forward differentiates through its first layer (a gradient penalty, as
+    WGAN-GP or input-gradient regularisers compute it) and feeds that gradient on. Under a
+    non-reentrant checkpoint the recompute runs this backward again, through the graph the
+    recompute itself records. With ``stashed`` the first layer's backward reads its weight from
+    ctx."""
+
+    def __init__(self, dim, stashed=False):
+        super().__init__()
+        self.first = StashedLinear(dim) if stashed else torch.nn.Linear(dim, dim)
+        self.second = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        (input_grad, ) = torch.autograd.grad(self.first(x).sin().sum(), x, create_graph=True)
+        return self.second(input_grad).cos()
+
+
+def gradient_penalty_stack(dim=8, depth=2, checkpointing="module", stashed=False):
+    return Stack([GradientPenaltyBlock(dim, stashed) for _ in range(depth)], dim, checkpointing)
 
 
 def lora_stack(dim=8, depth=2, checkpointing="module"):
