@@ -567,4 +567,3 @@ def test_input_gradient_of_repeated_blocks(scenario):
 @pytest.mark.parametrize("branches", ["first", "both"])
 def test_input_gradient_of_one_branch(scenario, branches):
     scenario(f"{FROZEN}:input_gradient_of_one_branch", branches=branches)
-

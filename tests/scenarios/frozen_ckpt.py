@@ -919,7 +919,10 @@ def input_gradient_penalty(*, graph="retain", model="checkpointed"):
         (input_grad, ) = torch.autograd.grad(out, x, retain_graph=True, create_graph=graph == "create")
         return out + input_grad.pow(2).sum() if graph == "create" else out
 
-    return _train_with_extra_backwards(engine, reference, loss_of, n_inputs=1)
+    try:
+        return train(engine, reference, _inputs(engine), loss_of=loss_of)
+    finally:
+        engine.destroy()
 
 
 def input_gradient_of_one_branch(*, branches="first"):
@@ -937,26 +940,10 @@ def input_gradient_of_one_branch(*, branches="first"):
             torch.autograd.grad(out, xs[i], retain_graph=True)
         return out
 
-    return _train_with_extra_backwards(engine, reference, loss_of, n_inputs=2)
+    def two_inputs(step):
+        return tuple(batch(10 * step + i, (2, DIM), device=engine.device, requires_grad=True) for i in range(2))
 
-
-def _train_with_extra_backwards(engine, reference, loss_of, *, n_inputs, steps=2):
-    """Two steps of ``loss_of`` (which runs backwards of its own before returning the loss) and
-    engine.backward, against the reference; quiescent after every backward and step."""
-    losses = []
     try:
-        for step in range(steps):
-            xs = [batch(10 * step + i, (2, DIM), device=engine.device, requires_grad=True) for i in range(n_inputs)]
-            loss = loss_of(engine, *xs)
-            engine.backward(loss)
-            assert_quiescent(engine, f"after the backward of step {step}")
-            reference.zero_grad()
-            loss_of(reference, *[x.detach().clone().requires_grad_() for x in xs]).backward()
-            assert_grads_match(engine, reference_grads(reference), exact=True, when=f"in step {step}")
-            engine.step()
-            sync_reference(engine, reference)
-            assert_quiescent(engine, f"after optimizer step {step}")
-            losses.append(loss.item())
+        return train(engine, reference, two_inputs, loss_of=loss_of)
     finally:
         engine.destroy()
-    return {"losses": losses}

@@ -365,6 +365,10 @@ def sync_reference(engine, reference):
             ref_param.copy_(gather_partitions(params[name].ds_tensor.data, params[name]).to(ref_param.dtype))
 
 
+def _model_output(model, *inputs):
+    return model(*inputs)
+
+
 def train(engine,
           reference,
           make_inputs,
@@ -376,22 +380,27 @@ def train(engine,
           after_forward=None,
           counter=True,
           unused_params=(),
-          quiescent_after_backward=True):
+          quiescent_after_backward=True,
+          loss_of=None):
     """Trains ZeRO-3 and the reference side by side on identical micro-batches.
 
     Checks after every backward: quiescence (I1), and with ``counter`` a non-negative available-
     parameter counter (I7); after the last micro-batch of each step: the gradients, against the
     reference's. ``unused_params`` names trainable parameters the forward does not use: the
     reference has no gradient for them, ZeRO-3 must have zeros. Without
-    ``quiescent_after_backward`` quiescence is checked after the optimizer step only. Returns the
+    ``quiescent_after_backward`` quiescence is checked after the optimizer step only.
+    ``loss_of(model, *inputs)`` computes either model's loss where more than its forward goes into
+    it (a backward of its own first, say); by default the loss is the model's output. Returns the
     losses of both.
     """
+    if loss_of is None:
+        loss_of = _model_output
     losses, reference_losses = [], []
     for step in range(steps):
         reference.zero_grad()
         for micro in range(gas):
             inputs = make_inputs(step * gas + micro)
-            loss = engine(*inputs)
+            loss = loss_of(engine, *inputs)
             if after_forward is not None:
                 after_forward(engine)
             engine.backward(loss)
@@ -403,7 +412,7 @@ def train(engine,
             ref_inputs = [
                 t.detach().clone().requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in inputs
             ]
-            ref_loss = reference(*ref_inputs)
+            ref_loss = loss_of(reference, *ref_inputs)
             (ref_loss / gas).backward()
             losses.append(loss.item())
             reference_losses.append(ref_loss.item())
