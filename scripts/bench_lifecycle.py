@@ -15,6 +15,14 @@ which is reported as such), and followup (non-reentrant on a release with its fo
 e.g. v0.19.8 + patches/v0.19.8/, compared with nonreentrant on that pristine release). The model
 is a random-init Llama (nothing downloaded) with PEFT LoRA on q/k/v/o, bf16, built under
 deepspeed.zero.Init as Hugging Face does under ZeRO-3.
+
+Step time on a noisy host: --pair runs two variants, each in one long-lived process at world size 1
+on one device, taking turns in blocks of steps (ABBA, scripts/paired_blocks.py), and prints the
+paired difference and ratio of their step times with a bootstrap interval, e.g. the workaround
+against the series:
+
+    python scripts/bench_lifecycle.py --pair workaround=reentrant@TREE-v0.19.2 series=series@TREE-series \
+        --batch 4 --pairs 8 --block 3
 """
 
 import argparse
@@ -29,6 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import stamps  # noqa: E402  (the series revision a run measured: docs/generated-inputs.md)
 
 RUN_COMMAND = "on GPUs: tox -e bench (scripts/run-bench.sh), which ends with scripts/bench_lifecycle.py --report"
@@ -341,6 +350,84 @@ def run_rank(rank, args):
     os._exit(0)
 
 
+def serve_variant(args):
+    """The child of --pair: one engine of args.variant at world size 1 (the parent set RANK and
+    WORLD_SIZE), warmed up, then serving blocks of steps (scripts/paired_blocks.py)."""
+    import torch
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    from paired_blocks import serve
+    from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
+    accelerator = get_accelerator()
+    accelerator.set_device(0)
+    backend = accelerator.communication_backend_name()
+    if accelerator.device_name() == "cpu":
+        skip_shm_op_build()
+    deepspeed.init_distributed(dist_backend=backend)
+    if backend == "gloo":
+        dealias_gloo_collectives()
+    engine = build_engine(args)
+    engine.train()
+    ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(accelerator.current_device_name())
+    losses = []
+
+    def step():
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    for _ in range(args.warmup):
+        losses.append(step().item())
+    serve(step, accelerator.synchronize, {
+        "deepspeed": deepspeed.__file__,
+        "version": deepspeed.__version__,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if accelerator.device_name() == "cuda" else "cpu",
+        "warmup_losses": losses,
+        "peak_gib": accelerator.max_memory_allocated() / 2**30,
+    })
+
+
+def run_pair(args):
+    """--pair BASELINE OTHER: the two LABEL=VARIANT@TREE processes take turns (ABBA) in blocks of
+    --block steps, --pairs times; prints the paired step-time difference and ratio."""
+    from paired_blocks import BlockProcess, report, take_turns
+    sides = []
+    for spec in args.pair:
+        label, _, rest = spec.partition("=")
+        variant, _, tree = rest.partition("@")
+        if not label or variant not in VARIANTS or not os.path.isdir(os.path.join(tree, "deepspeed")):
+            sys.exit(f"bench_lifecycle: --pair {spec!r}: expected LABEL=VARIANT@TREE with a variant of "
+                     f"{sorted(VARIANTS)} and a tree holding deepspeed/")
+        sides.append((label, variant, tree))
+    shape = ["--layers", str(args.layers), "--hidden", str(args.hidden), "--seq", str(args.seq), "--batch",
+             str(args.batch), "--warmup", str(args.warmup)]
+    processes = []
+    try:
+        for label, variant, tree in sides:
+            processes.append(BlockProcess(label, tree, [os.path.abspath(__file__), "--serve-variant", variant, *shape]))
+        for process, (label, variant, tree) in zip(processes, sides):
+            ready = process.ready
+            print(f"{label}: {variant} on {tree} (deepspeed {ready['version'].strip()}, torch {ready['torch']}, "
+                  f"{ready['device']}); warm-up losses {[round(x, 5) for x in ready['warmup_losses']]}, "
+                  f"peak {ready['peak_gib']:.3f} GiB", flush=True)
+        blocks = take_turns(processes, args.pairs, args.block)
+    finally:
+        for process in processes:
+            process.close()
+    (baseline, *_), (other, *_) = sides
+    title = (f"Llama {args.layers} x {args.hidden} + LoRA, batch {args.batch} x {args.seq}, world size 1; "
+             f"{args.pairs} pairs of {args.block}-step blocks (ABBA) after {args.warmup} warm-up steps")
+    for clock in ("wall_ms", "cpu_ms"):
+        report(title, baseline, other, blocks, clock)
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump({"sides": sides, "shape": shape, "ready": [p.ready for p in processes], "blocks": blocks}, out,
+                      indent=1)
+
+
 def run_variant(args):
     import torch.multiprocessing as mp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -639,8 +726,19 @@ def main():
     parser.add_argument("--md")
     parser.add_argument("--png")
     parser.add_argument("--caption", help="caption of the report's main table")
+    parser.add_argument("--pair", nargs=2, metavar="LABEL=VARIANT@TREE",
+                        help="instead of one variant: two (the baseline first) in long-lived processes at world "
+                        "size 1 taking turns in blocks of steps, and their paired step-time difference")
+    parser.add_argument("--pairs", type=int, default=10, help="with --pair: pairs of blocks (default 10)")
+    parser.add_argument("--block", type=int, default=3, help="with --pair: steps per block (default 3)")
+    parser.add_argument("--serve-variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.report:
+    if args.serve_variant:
+        args.variant = args.serve_variant
+        serve_variant(args)
+    elif args.pair:
+        run_pair(args)
+    elif args.report:
         if not args.md:
             parser.error("--report needs --md")
         report(args.report, args.md, args.png, args.caption)

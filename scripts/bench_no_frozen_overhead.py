@@ -8,16 +8,12 @@ gradient-accumulated trigger) and 48 blocks of Linear -> LayerNorm -> Linear at 
 ZeRO-3 with DeepSpeed's default settings, one process (world size 1, gloo, one torch thread),
 with and without non-reentrant checkpointing of every block.
 
-Timing on a shared, contended host: comparing separate runs of each tree mixes the difference
-between the trees with the host's load, which changes from one run to the next by more than the
-1 % sought. So each tree gets ONE long-lived process per mode, both started before timing begins,
-and the parent makes them take turns: a block of --block steps in one, then a block in the other,
---pairs times, in the order ABBA (A first in even pairs, B first in odd ones, so that a load
-trend does not favour either). Only one process runs at a time; the other waits on its pipe.
-Each block reports its CPU time per step (time.process_time of that process: the time another
-process takes on the CPU does not count, unlike wall time, which is printed too). The figure is
-the per-pair difference (tree - baseline) of adjacent blocks: its median, its mean with a
-bootstrap 95 % interval (fixed seed), and both relative to the baseline's median step.
+Each tree gets one long-lived process per mode, and the two take turns in blocks of --block steps,
+--pairs times (ABBA; scripts/paired_blocks.py says why and how). Each block reports its CPU time per
+step (time.process_time of that process: the time another process takes on the CPU does not count,
+unlike wall time, which is printed too). The figure is the per-pair difference (tree - baseline) of
+adjacent blocks: its median, its mean with a bootstrap 95 % interval, both relative to the
+baseline's median step.
 
     scripts/apply.sh v0.19.2 --pristine --dest build/deepspeed-v0.19.2-pristine
     scripts/apply.sh v0.19.2
@@ -39,23 +35,16 @@ judge.
 """
 
 import argparse
-import json
 import os
-import random
-import re
-import socket
-import statistics
-import subprocess
 import sys
-import time
+
+from paired_blocks import BlockProcess, report, serve, take_turns
 
 VOCAB, HIDDEN, DEPTH, BATCH, SEQ = 128, 32, 48, 4, 16
 
 
 def child(checkpointing, warmup):
-    """Builds the engine, runs ``warmup`` steps, says READY, then runs a block of N steps for every
-    "N" read from stdin and answers with its CPU and wall time per step; stops at "quit"."""
-    import gc
+    """Builds the engine, runs ``warmup`` steps, then serves blocks of steps (paired_blocks.serve)."""
     import torch
     from torch.utils.checkpoint import checkpoint
     import deepspeed
@@ -109,7 +98,6 @@ def child(checkpointing, warmup):
     }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ)).to(engine.device)
-    synchronize = get_accelerator().synchronize
 
     def step():
         engine.backward(engine(ids))
@@ -117,41 +105,7 @@ def child(checkpointing, warmup):
 
     for _ in range(warmup):
         step()
-    print("READY " + json.dumps({"deepspeed": deepspeed.__file__}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            return
-        if line.startswith("profile "):
-            print("PROFILE " + json.dumps(profile_steps(step, int(line.split()[1]))), flush=True)
-            continue
-        steps = int(line)
-        gc.collect()  # a collection's cost lands in the block that triggers it, not by chance
-        synchronize()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            step()
-        synchronize()
-        cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
-        print("BLOCK " + json.dumps({"cpu_ms": 1e3 * cpu / steps, "wall_ms": 1e3 * wall / steps}), flush=True)
-
-
-def profile_steps(step, steps):
-    """cProfile of ``steps`` steps: per function ("file.py:name"), calls and own time per step."""
-    import cProfile
-    import pstats
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(steps):
-        step()
-    profiler.disable()
-    per_function = {}
-    for (path, _, name), (_, calls, own, _, _) in pstats.Stats(profiler).stats.items():
-        # builtins are named with their object's address, which differs from one process to the next
-        key = f"{os.path.basename(path)}:{name}" if path != "~" else re.sub(r" at 0x[0-9a-f]+", "", name)
-        known_calls, known_own = per_function.get(key, (0, 0.0))
-        per_function[key] = (known_calls + calls / steps, known_own + 1e3 * own / steps)
-    return per_function
+    serve(step, get_accelerator().synchronize, {"deepspeed": deepspeed.__file__})
 
 
 def report_profile(mode, baseline, other, profiles, top):
@@ -171,93 +125,6 @@ def report_profile(mode, baseline, other, profiles, top):
     print(f"  call counts that differ ({len(changed)} functions):")
     for _, more, key, calls_a, calls_b in changed[:top]:
         print(f"  {more:+8.0f} calls  {calls_a:7.0f} -> {calls_b:7.0f}  {key}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TreeProcess:
-    """One tree's child process for one checkpointing mode."""
-
-    def __init__(self, label, tree, checkpointing, warmup):
-        self.label, self.tree = label, tree
-        env = dict(os.environ,
-                   PYTHONPATH=os.path.abspath(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"),
-                   MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()),
-                   RANK="0",
-                   LOCAL_RANK="0",
-                   WORLD_SIZE="1",
-                   LOCAL_SIZE="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--child", checkpointing, "--warmup",
-             str(warmup)],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True)
-        ready = self._answer("READY ")
-        expected = os.path.join(os.path.abspath(tree), "deepspeed")
-        if not ready["deepspeed"].startswith(expected):
-            self.close()
-            sys.exit(f"bench: {tree} imported {ready['deepspeed']}, not the tree's own deepspeed/")
-
-    def _answer(self, prefix):
-        for line in self.proc.stdout:
-            if line.startswith(prefix):
-                return json.loads(line[len(prefix):])
-        self.proc.wait()
-        sys.exit(f"bench: the process of {self.tree} ended (exit {self.proc.returncode}):\n"
-                 f"{self.proc.stderr.read()[-3000:]}")
-
-    def profile(self, steps):
-        self.proc.stdin.write(f"profile {steps}\n")
-        self.proc.stdin.flush()
-        return self._answer("PROFILE ")
-
-    def block(self, steps):
-        self.proc.stdin.write(f"{steps}\n")
-        self.proc.stdin.flush()
-        return self._answer("BLOCK ")
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=120)
-
-
-def bootstrap_mean_interval(values, resamples=4000, seed=0):
-    """95 % percentile interval of the mean of ``values``, by resampling with replacement."""
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-
-
-def report(mode, baseline, other, blocks, clock):
-    base = [b[clock] for b in blocks[baseline]]
-    diffs = [o[clock] - b[clock] for b, o in zip(blocks[baseline], blocks[other])]
-    base_median = statistics.median(base)
-    q1, _, q3 = statistics.quantiles(diffs, n=4)
-    low, high = bootstrap_mean_interval(diffs)
-
-    def pct(ms):
-        return 100 * ms / base_median
-
-    print(f"checkpointing={mode}, {clock.split('_')[0]} time per step, {len(diffs)} pairs:")
-    for label in (baseline, other):
-        values = [b[clock] for b in blocks[label]]
-        qa, _, qb = statistics.quantiles(values, n=4)
-        print(f"  {label:>10}: median {statistics.median(values):.2f} ms (IQR {qa:.2f} - {qb:.2f})")
-    print(f"  {other} - {baseline}, per pair: median {statistics.median(diffs):+.3f} ms "
-          f"({pct(statistics.median(diffs)):+.2f} %), IQR {q1:+.3f} .. {q3:+.3f} ms; mean "
-          f"{statistics.fmean(diffs):+.3f} ms ({pct(statistics.fmean(diffs)):+.2f} %), bootstrap 95 % interval "
-          f"{low:+.3f} .. {high:+.3f} ms ({pct(low):+.2f} .. {pct(high):+.2f} %)")
 
 
 def main():
@@ -290,21 +157,21 @@ def main():
         parser.error(f"--checkpointing: unknown mode(s) {sorted(unknown)}; expected none, module")
     how = (f"cProfile of {args.profile} steps per tree and mode" if args.profile else
            f"{args.pairs} pairs of {args.block}-step blocks per mode, the two trees' processes taking turns (ABBA)")
-    device = os.environ.get("DS_ACCELERATOR", "cpu")
+    device = os.environ.setdefault("DS_ACCELERATOR", "cpu")
     print(f"model: embedding + {DEPTH} x (Linear-LayerNorm-Linear), hidden {HIDDEN}, no frozen parameter; "
           f"ZeRO-3 defaults, world size 1, one torch thread, DS_ACCELERATOR={device}; {how}, after {args.warmup} "
           "warm-up steps each")
     (baseline, _), (other, _) = trees
     for mode in modes:
-        processes = [TreeProcess(label, tree, mode, args.warmup) for label, tree in trees]
-        blocks = {label: [] for label, _ in trees}
+        processes = [
+            BlockProcess(label, tree, [os.path.abspath(__file__), "--child", mode, "--warmup",
+                                       str(args.warmup)]) for label, tree in trees
+        ]
         try:
             if args.profile:
                 profiles = {process.label: process.profile(args.profile) for process in processes}
             else:
-                for pair in range(args.pairs):
-                    for process in (processes if pair % 2 == 0 else processes[::-1]):
-                        blocks[process.label].append(process.block(args.block))
+                blocks = take_turns(processes, args.pairs, args.block)
         finally:
             for process in processes:
                 process.close()
@@ -312,7 +179,7 @@ def main():
             report_profile(mode, baseline, other, profiles, args.top)
             continue
         for clock in ("cpu_ms", "wall_ms"):
-            report(mode, baseline, other, blocks, clock)
+            report(f"checkpointing={mode}", baseline, other, blocks, clock)
 
 
 if __name__ == "__main__":

@@ -107,3 +107,56 @@ def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     one_variant = subprocess.run([sys.executable, str(script), "--compare", runs[0], runs[2]],
                                  capture_output=True, text=True, timeout=120)
     assert one_variant.returncode != 0 and "exactly two variants" in one_variant.stderr
+
+
+def test_paired_blocks_take_turns_abba_and_report_the_pairs(capsys):
+    """The pairing order and the figures: the per-pair differences, their mean and bootstrap interval
+    (which must contain the mean), relative to the baseline's median."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from paired_blocks import report, take_turns
+
+    order = []
+
+    class Fake:
+
+        def __init__(self, label, ms):
+            self.label, self.ms = label, ms
+
+        def block(self, steps):
+            order.append(self.label)
+            return {"wall_ms": self.ms + len(order) % 3, "cpu_ms": self.ms}
+
+    blocks = take_turns([Fake("a", 100.0), Fake("b", 102.0)], pairs=4, block=2)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    figures = report("title", "a", "b", blocks, "cpu_ms")
+    assert figures["mean_ms"] == pytest.approx(2.0) and figures["ratio"] == pytest.approx(1.02)
+    low, high = figures["interval_ms"]
+    assert low <= figures["mean_ms"] <= high
+    out = capsys.readouterr().out
+    assert "b - a, per pair: median +2.000 ms (+2.00 %)" in out and "mean of the per-pair ratios: 1.0200" in out
+
+
+def test_paired_step_times_on_cpu(tmp_path):
+    """--pair runs two variants in long-lived processes taking turns; the same tree and variant on
+    both sides trains to the same warm-up losses."""
+    pytest.importorskip("peft")
+    out = tmp_path / "pair.json"
+    tree = os.path.dirname(os.path.dirname(__import__("deepspeed").__file__))
+    proc = subprocess.run([
+        sys.executable,
+        str(BENCH), "--pair", f"a=series@{tree}", f"b=reentrant@{tree}", "--layers", "2", "--hidden", "256", "--seq",
+        "32", "--batch", "2", "--warmup", "2", "--pairs", "4", "--block", "1", "--out",
+        str(out)
+    ],
+                          env=dict(os.environ, DS_ACCELERATOR="cpu"),
+                          capture_output=True,
+                          text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [len(result["blocks"][label]) for label in ("a", "b")] == [4, 4]
+    assert result["ready"][0]["warmup_losses"] == pytest.approx(result["ready"][1]["warmup_losses"])
+    assert "b - a, per pair" in proc.stdout and "mean of the per-pair ratios" in proc.stdout
+    bad = subprocess.run([sys.executable, str(BENCH), "--pair", "a=nosuch@x", f"b=series@{tree}"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "expected LABEL=VARIANT@TREE" in bad.stderr
