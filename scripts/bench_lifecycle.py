@@ -424,8 +424,11 @@ def run_pair(args):
         report(title, baseline, other, blocks, clock)
     if args.out:
         with open(args.out, "w") as out:
-            json.dump({"sides": sides, "shape": shape, "ready": [p.ready for p in processes], "blocks": blocks}, out,
-                      indent=1)
+            versions = ", ".join(sorted({p.ready["version"].strip() for p in processes}))
+            stamp = stamps.make(stamps.Path(ROOT) / "patches" / "v0.19.2", versions,
+                                [tree_name(tree) for _, _, tree in sides], "scripts/bench_lifecycle.py --pair")
+            json.dump({"stamp": stamp, "sides": sides, "shape": shape, "ready": [p.ready for p in processes],
+                       "blocks": blocks}, out, indent=1)
 
 
 def run_variant(args):

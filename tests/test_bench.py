@@ -155,6 +155,7 @@ def test_paired_step_times_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [len(result["blocks"][label]) for label in ("a", "b")] == [4, 4]
+    assert result["stamp"]["series"] == "v0.19.2" and result["stamp"]["command"] == "scripts/bench_lifecycle.py --pair"
     assert result["ready"][0]["warmup_losses"] == pytest.approx(result["ready"][1]["warmup_losses"])
     assert "b - a, per pair" in proc.stdout and "mean of the per-pair ratios" in proc.stdout
     bad = subprocess.run([sys.executable, str(BENCH), "--pair", "a=nosuch@x", f"b=series@{tree}"],
