@@ -217,21 +217,29 @@ def build_engine(args):
     return engine
 
 
-def run_rank(rank, args):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
-    import torch
+def init_distributed(rank):
+    """Join the process group as RANK (the environment names the world) on the accelerator's device
+    RANK; returns the accelerator."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
-    from tests.scenarios.zero3 import count_all_gathers
+    from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
     accelerator = get_accelerator()
     accelerator.set_device(rank)
-    from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
     backend = accelerator.communication_backend_name()
     if accelerator.device_name() == "cpu":
         skip_shm_op_build()  # the CPU smoke run never uses DeepSpeed's shm all-reduce op
     deepspeed.init_distributed(dist_backend=backend)
     if backend == "gloo":
         dealias_gloo_collectives()  # separate buffers for DeepSpeed's in-place collectives
+    return accelerator
+
+
+def run_rank(rank, args):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world_size))
+    import torch
+    import deepspeed
+    from tests.scenarios.zero3 import count_all_gathers
+    accelerator = init_distributed(rank)
     probe = CoordinatorProbe()
     if args.variant == "minimal-skip":
         from tests.scenarios.bookkeeping import emulate_minimal_skip
@@ -355,17 +363,8 @@ def serve_variant(args):
     WORLD_SIZE), warmed up, then serving blocks of steps (scripts/paired_blocks.py)."""
     import torch
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
     from paired_blocks import serve
-    from tests.harness.gloo import dealias_gloo_collectives, skip_shm_op_build
-    accelerator = get_accelerator()
-    accelerator.set_device(0)
-    backend = accelerator.communication_backend_name()
-    if accelerator.device_name() == "cpu":
-        skip_shm_op_build()
-    deepspeed.init_distributed(dist_backend=backend)
-    if backend == "gloo":
-        dealias_gloo_collectives()
+    accelerator = init_distributed(0)
     engine = build_engine(args)
     engine.train()
     ids = torch.randint(0, 32000, (args.batch, args.seq), generator=torch.Generator().manual_seed(0))
