@@ -401,6 +401,8 @@ def run_pair(args):
             sys.exit(f"bench_lifecycle: --pair {spec!r}: expected LABEL=VARIANT@TREE with a variant of "
                      f"{sorted(VARIANTS)} and a tree holding deepspeed/")
         sides.append((label, variant, tree))
+    if args.pairs < 4 or args.block < 1:
+        sys.exit("bench_lifecycle: --pairs must be at least 4 and --block at least 1")
     shape = ["--layers", str(args.layers), "--hidden", str(args.hidden), "--seq", str(args.seq), "--batch",
              str(args.batch), "--warmup", str(args.warmup)]
     processes = []
@@ -424,7 +426,9 @@ def run_pair(args):
     if args.out:
         with open(args.out, "w") as out:
             versions = ", ".join(sorted({p.ready["version"].strip() for p in processes}))
-            stamp = stamps.make(stamps.Path(ROOT) / "patches" / "v0.19.2", versions,
+            # as run_stamp: the follow-up's series when a side runs it, else v0.19.2's
+            series = "v0.19.8" if any(variant == "followup" for _, variant, _ in sides) else "v0.19.2"
+            stamp = stamps.make(stamps.Path(ROOT) / "patches" / series, versions,
                                 [tree_name(tree) for _, _, tree in sides], "scripts/bench_lifecycle.py --pair")
             json.dump({"stamp": stamp, "sides": sides, "shape": shape, "ready": [p.ready for p in processes],
                        "blocks": blocks}, out, indent=1)

@@ -161,3 +161,7 @@ def test_paired_step_times_on_cpu(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH), "--pair", "a=nosuch@x", f"b=series@{tree}"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "expected LABEL=VARIANT@TREE" in bad.stderr
+    too_few = subprocess.run(
+        [sys.executable, str(BENCH), "--pair", f"a=series@{tree}", f"b=series@{tree}", "--pairs", "2"],
+        capture_output=True, text=True, timeout=120)
+    assert too_few.returncode != 0 and "--pairs must be at least 4" in too_few.stderr
