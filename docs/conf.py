@@ -55,8 +55,6 @@ _GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the curren
 _GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
                     "and the runs since then went to the test suite and to the batches' GPU paths")
 _CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
-_GPU_WS1_B16 = ("Batch 16 on one GPU has not been run on the current series: the device time since went to batch 4, "
-                "the runs that answer the workaround question first")
 _GPU_WS1_B4 = ("Batch 4 on one GPU has not been run on the current series, which differs from the one measured only in "
                "what a graph run a second time (retain_graph) gathers: no device could be started after that change")
 _GPU_WS1_PRISTINE = ("Runs of pristine DeepSpeed (the reentrant workaround on v0.19.2, and v0.19.8), stamped with the "
@@ -74,11 +72,6 @@ generated_historical = {
     "bench-runs/followup-v0.19.8/": _GPU_BENCH_V0198,
     "bench-ws1-v0.19.2.md": _GPU_WS1_B4,
     **{f"bench-runs/ws1-h100/b4-{tree}-{n}.json": _GPU_WS1_B4 for tree in ("v0192-pristine", "v0192-series") for n in (1, 2, 3)},
-    "bench-ws1-b16-v0.19.2.md": _GPU_WS1_B16,
-    "bench-runs/ws1-h100/b16-ds-v0192-p23b-1.json": _GPU_WS1_B16,
-    "bench-runs/ws1-h100/b16-ds-v0192-p23b-2.json": _GPU_WS1_B16,
-    "bench-runs/ws1-h100/b16-ds-v0192-pristine-1.json": _GPU_WS1_B16,
-    "bench-runs/ws1-h100/b16-ds-v0192-pristine-2.json": _GPU_WS1_B16,
     # the H200 runs that bench-ws1-v0.19.8.md reads besides the follow-up's (which carry the v0.19.8 stamp)
     **{
         f"bench-runs/ws1-h200/b4-{tree}-{n}.json": _GPU_WS1_PRISTINE
