@@ -55,8 +55,8 @@ _GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the curren
 _GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
                     "and the runs since then went to the test suite and to the batches' GPU paths")
 _CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
-_GPU_WS1_B4 = ("Batch 4 on one GPU has not been run on the current series, which differs from the one measured only in "
-               "what a graph run a second time (retain_graph) gathers: no device could be started after that change")
+_GPU_WS1_B4 = ("Separate runs at batch 4 on one GPU of the series one revision back (before a graph run a second time "
+               "gathered again); the current series' batch 4, in paired runs, is in bench-pair-ws1-v0.19.2.md")
 _GPU_WS1_PRISTINE = ("Runs of pristine DeepSpeed (the reentrant workaround on v0.19.2, and v0.19.8), stamped with the "
                      "v0.19.2 series of the call that made them: no patch of the series is in what they measure")
 generated_historical = {
