@@ -21,6 +21,7 @@ Used by scripts/bench_no_frozen_overhead.py and scripts/bench_lifecycle.py --pai
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -53,17 +54,19 @@ def profile_steps(step, steps):
     """cProfile of ``steps`` steps: per function ("file.py:name"), calls and own time per step."""
     import cProfile
     import pstats
+
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(steps):
         step()
     profiler.disable()
-    per_step = {}
+    per_function = {}
     for (path, _, name), (_, calls, own, _, _) in pstats.Stats(profiler).stats.items():
-        key = f"{os.path.basename(path)}:{name}" if path != "~" else name
-        calls_before, own_before = per_step.get(key, (0, 0.0))
-        per_step[key] = (calls_before + calls / steps, own_before + 1e3 * own / steps)
-    return per_step
+        # builtins are named with their object's address, which differs from one process to the next
+        key = f"{os.path.basename(path)}:{name}" if path != "~" else re.sub(r" at 0x[0-9a-f]+", "", name)
+        known_calls, known_own = per_function.get(key, (0, 0.0))
+        per_function[key] = (known_calls + calls / steps, known_own + 1e3 * own / steps)
+    return per_function
 
 
 def free_port():
