@@ -574,6 +574,46 @@ def fmt(value, digits=1):
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def own_time_differences(results, rows):
+    """Markdown lines: for each DeepSpeed run, the DeepSpeed functions whose cProfile own time differs
+    most from the DeepSpeed run before it (in label order) of the same release: the series against the
+    workaround, the follow-up against v0.19.8. Functions are matched without their line numbers, which a
+    patch moves (same-named functions of one file are summed); only those in both runs' top lists count.
+    The runs are separate processes, whose host may have been faster or slower: the median ratio of the
+    own time of functions called equally often in both says by how much."""
+
+    def by_name(run):
+        own, calls = collections.Counter(), collections.Counter()
+        for name, ms, n in (run.get("cprofile") or {}).get("top_ds_functions") or []:
+            key = re.sub(r"\(\d+\): ", ": ", name)
+            own[key] += ms
+            calls[key] += n
+        return own, calls
+
+    lines = []
+    runs = [r for r in results if r["mode"] == "ds"]
+    for i, run in enumerate(runs):
+        base = next((b for b in reversed(runs[:i]) if b["deepspeed"] == run["deepspeed"]), None)
+        if base is None:
+            continue
+        (own, calls), (base_own, base_calls) = by_name(run), by_name(base)
+        common = [k for k in own if k in base_own]
+        if not common:
+            continue
+        same_calls = [own[k] / base_own[k] for k in common if calls[k] == base_calls[k] and base_own[k] > 0]
+        speed = (f" Functions called equally often in both ({len(same_calls)}) took a median "
+                 f"{statistics.median(same_calls):.2f} times as long in {run['label']}'s process.") if same_calls else ""
+        lines += ["", f"DeepSpeed functions whose own time differs most, {run['label']} against {base['label']} "
+                  f"(cProfile, ms and calls per profiled step; functions in both runs' top lists, line numbers "
+                  f"dropped).{speed}", "",
+                  f"| function | {base['label']} own ms | calls | {run['label']} own ms | calls | difference ms |",
+                  "|---|---|---|---|---|---|"]
+        for key in sorted(common, key=lambda k: -abs(own[k] - base_own[k]))[:rows]:
+            lines.append(f"| `{key}` | {base_own[key]:.2f} | {base_calls[key]:.0f} | {own[key]:.2f} | "
+                         f"{calls[key]:.0f} | {own[key] - base_own[key]:+.2f} |")
+    return lines
+
+
 def report(paths, md_path, rows):
     results = []
     for path in paths:
@@ -658,6 +698,7 @@ def report(paths, md_path, rows):
                   "| function | own ms | calls | stack own ms |", "|---|---|---|---|"]
         for name, own, calls in cp[:rows]:
             lines.append(f"| `{name}` | {own:.2f} | {calls:.0f} | {fmt(st.get(name), 2)} |")
+    lines += own_time_differences(results, rows)
     text = "\n".join(lines) + "\n"
     if md_path:
         with open(md_path, "w") as md:

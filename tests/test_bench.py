@@ -136,6 +136,34 @@ def test_paired_blocks_take_turns_abba_and_report_the_pairs(capsys):
     assert "b - a, per pair: median +2.000 ms (+2.00 %)" in out and "mean of the per-pair ratios: 1.0200" in out
 
 
+def test_trace_report_differences_match_moved_functions_within_one_release():
+    """The trace report's own-time differences pair each DeepSpeed run with the one before it of the
+    same release, match a function whose line number a patch moved, sum same-named functions of a file,
+    and say how much slower the second process ran functions called equally often."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from trace_step import own_time_differences
+
+    def run(label, release, functions):
+        return {"label": label, "mode": "ds", "deepspeed": release, "cprofile": {"top_ds_functions": functions}}
+
+    workaround = run("3-old-reentrant", "0.19.2", [["zero/a.py(10): hook", 2.0, 100], ["zero/a.py(50): fetch", 10.0, 40],
+                                                   ["zero/a.py(70): setup_context", 1.0, 20]])
+    series = run("4-old-series", "0.19.2", [["zero/a.py(12): hook", 5.0, 90], ["zero/a.py(52): fetch", 12.0, 40],
+                                            ["zero/a.py(72): setup_context", 1.0, 10],
+                                            ["zero/a.py(90): setup_context", 1.5, 10], ["zero/b.py(1): new", 9.0, 5]])
+    newer = run("5-new", "0.19.8", [["zero/a.py(20): hook", 1.0, 100]])
+    lines = own_time_differences([workaround, series, newer], rows=5)
+    text = "\n".join(lines)
+    assert "4-old-series against 3-old-reentrant" in text and "5-new against" not in text
+    assert "| `zero/a.py: hook` | 2.00 | 100 | 5.00 | 90 | +3.00 |" in text
+    assert "| `zero/a.py: setup_context` | 1.00 | 20 | 2.50 | 20 | +1.50 |" in text
+    assert "zero/b.py: new" not in text  # in one run's top list only
+    # fetch and setup_context are called equally often: their ratios 1.2 and 2.5, median 1.85
+    assert "(2) took a median 1.85 times as long" in text
+    # ordered by the size of the difference
+    assert text.index("a.py: hook") < text.index("a.py: fetch") < text.index("a.py: setup_context")
+
+
 def test_paired_step_times_on_cpu(tmp_path):
     """--pair runs two variants in long-lived processes taking turns; the same tree and variant on
     both sides trains to the same warm-up losses."""
