@@ -29,17 +29,20 @@ The whole of the three directories is about 800 tests, hours a tree on 2 cores. 
 runs one pytest per test file and writes DIR/<file>.xml; a file whose report is already there is not run
 again, so a run that was stopped goes on where it was, and ``--shard K/N`` (the K-th of every N files)
 splits the files between processes or hosts that each write into their own DIR (or the same one). A
-file's pytest that ends without a report, or outlives --file-timeout, is recorded as one failed entry
-named after the file. ``diff`` compares two such results (directories of reports, or single reports) as
+file's pytest that ends without a report, or outlives --file-timeout, keeps the outcomes of the tests its
+output says finished, and the tests that were running (or, when none can be named, the file) are recorded as
+failed. ``diff`` compares two such results (directories of reports, or single reports) as
 ``compare`` does, over the files both hold, and names the files only one of them holds.
 """
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -124,13 +127,67 @@ def _report_name(unit):
     return unit.replace("/", "__").replace("::", "--") + ".xml"
 
 
-def _write_failed_report(junit, unit, message):
+# pytest's verbose progress: "NODE OUTCOME [ 40%]", the outcome on a later line when the test wrote to the
+# terminal meanwhile; with pytest-xdist, "[gw0] [ 40%] OUTCOME NODE"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NODE = re.compile(r"^(\S+\.py::\S+)\s*(.*)$")
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_XDIST_OUTCOME = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+\.py::\S+)")
+_JUNIT_OUTCOME = {"PASSED": PASSED, "XPASS": PASSED, "FAILED": FAILED, "ERROR": FAILED, "SKIPPED": SKIPPED,
+                  "XFAIL": SKIPPED}
+
+
+def _progress_outcomes(lines):
+    """({node id: outcome} of the tests that pytest's output says finished, [node ids of the tests it
+    started and did not finish]: one, or with pytest-xdist those its workers were running)."""
+    finished, started, running = {}, {}, None
+    for line in lines:
+        line = _ANSI.sub("", line).strip()
+        xdist = _XDIST_OUTCOME.match(line)
+        if xdist:
+            finished[xdist.group(2)] = _JUNIT_OUTCOME[xdist.group(1)]
+            continue
+        node = _NODE.match(line)
+        if node:
+            running, line = node.groups()
+            started[running] = True
+        outcome = _OUTCOME.match(line)
+        if outcome and running:
+            finished[running] = _JUNIT_OUTCOME[outcome.group(1)]
+            running = None
+    return finished, [node for node in started if node not in finished]
+
+
+def _junit_case(node):
+    """(classname, name) of a pytest node id as pytest's JUnit report names it."""
+    path, *rest = node.split("::")
+    classname = path[:-len(".py")].replace("/", ".") if path.endswith(".py") else path
+    return ".".join([classname, *rest[:-1]]), rest[-1] if rest else node
+
+
+def _write_failed_report(junit, unit, message, output=()):
+    """A report for a file whose pytest wrote none: the outcomes its OUTPUT shows, and MESSAGE as the error
+    of the tests that were running (of the file, when no test can be named)."""
+    finished, unfinished = _progress_outcomes(output)
     suite_el = ET.Element("testsuite")
-    case = ET.SubElement(suite_el, "testcase", classname="", name=unit)
-    ET.SubElement(case, "error", message=message)
+    for node, outcome in finished.items():
+        classname, name = _junit_case(node)
+        case = ET.SubElement(suite_el, "testcase", classname=classname, name=name)
+        if outcome != PASSED:
+            ET.SubElement(case, "failure" if outcome == FAILED else "skipped", message=f"{outcome} (from pytest's output)")
+    for classname, name in [_junit_case(node) for node in unfinished] or [("", unit)]:
+        case = ET.SubElement(suite_el, "testcase", classname=classname, name=name)
+        ET.SubElement(case, "error", message=message)
     root = ET.Element("testsuites")
     root.append(suite_el)
     ET.ElementTree(root).write(junit, encoding="unicode")
+
+
+def _echo_and_keep(stream, lines):
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        lines.append(line)
 
 
 def _test_files(tests_dir, paths):
@@ -156,17 +213,25 @@ def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label):
             partial = junit.with_suffix(".partial")
             start = time.monotonic()
             proc = subprocess.Popen([*cmd, f"--junitxml={partial}", unit], cwd=tests_dir, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")
+            # pytest's output goes on to the terminal and is kept: it names the tests that finished
+            # if pytest itself cannot write its report
+            output = []
+            echo = threading.Thread(target=_echo_and_keep, args=(proc.stdout, output), daemon=True)
+            echo.start()
             try:
                 code = proc.wait(timeout=file_timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
                 code = None
+            echo.join(timeout=10)
             if code is None:
-                _write_failed_report(partial, unit, f"no report: pytest outlived --file-timeout {file_timeout} s")
+                _write_failed_report(partial, unit, f"no report: pytest outlived --file-timeout {file_timeout} s",
+                                     output)
             elif not partial.is_file():
-                _write_failed_report(partial, unit, f"no report: pytest exited {code}")
+                _write_failed_report(partial, unit, f"no report: pytest exited {code}", output)
             partial.replace(junit)
             print(f"== {label}: [{number}/{len(units)}] {unit}: {_summary(_outcomes(junit))} "
                   f"in {time.monotonic() - start:.0f} s", flush=True)
