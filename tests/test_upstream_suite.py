@@ -111,12 +111,12 @@ def _junit(path, cases):
 
 def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_shows(tmp_path, monkeypatch):
     tests_dir = tmp_path / "tests"
-    for name in ("test_a.py", "test_b.py", "test_c.py", "test_d.py", "test_e.py"):
+    for name in ("test_a.py", "test_b.py", "test_c.py", "test_d.py", "test_e.py", "test_f.py"):
         (tests_dir / "unit" / "zero").mkdir(parents=True, exist_ok=True)
         (tests_dir / "unit" / "zero" / name).write_text("")
     units = suite._test_files(tests_dir, ["unit/zero"])
-    assert units == [f"unit/zero/test_{x}.py" for x in "abcde"]
-    assert suite._shard(units, "2/2") == ["unit/zero/test_b.py", "unit/zero/test_d.py"]
+    assert units == [f"unit/zero/test_{x}.py" for x in "abcdef"]
+    assert suite._shard(units, "2/2") == ["unit/zero/test_b.py", "unit/zero/test_d.py", "unit/zero/test_f.py"]
     with pytest.raises(SystemExit, match="K/N"):
         suite._shard(units, "3/2")
 
@@ -129,14 +129,18 @@ def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_
         "test_c.py": ["\x1b[1mcollecting ... \x1b[0mcollected 3 items\n",
                       "unit/zero/test_c.py::TestY::test_one[0] \x1b[32mPASSED\x1b[0m [ 33%]\n",
                       "unit/zero/test_c.py::test_two [rank0] a warning\n", "XFAIL [ 66%]\n",
+                      "unit/zero/test_c.py::TestY::test_p[a::b] PASSED [ 70%]\n",
                       "unit/zero/test_c.py::TestY::test_hangs \n"],
-        "test_d.py": ["nothing but a crash\n"],
+        "test_d.py": ["nothing but a crash\n", "ERROR: a message a test printed\n"],
+        "test_f.py": ["unit/zero/test_f.py::test_ok PASSED [100%]\n", "===== warnings summary =====\n",
+                      "unit/zero/test_f.py::test_ok\n", "===== short test summary info =====\n",
+                      "FAILED unit/zero/test_f.py::test_ok - no, it passed\n"],
         "test_e.py": ["unit/zero/test_e.py::test_bad \n", "unit/zero/test_e.py::test_stuck \n",
                       "unit/zero/test_e.py::test_fine \n", "[gw1] [ 33%] FAILED unit/zero/test_e.py::test_bad \n",
                       "[gw0] [ 66%] PASSED unit/zero/test_e.py::test_fine \n"],
     }
 
-    class FakePytest:  # test_b writes its report; test_c outlives the timeout, test_d and test_e crash
+    class FakePytest:  # test_b writes its report; test_c outlives the timeout, the others crash
 
         def __init__(self, cmd, **kwargs):
             unit, junit = cmd[-1], cmd[-2].split("=", 1)[1]
@@ -146,24 +150,30 @@ def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_
             self.stdout = io.StringIO("".join(output.get(unit.rsplit("/", 1)[-1], [])))
             self.pid = 0
 
-        def wait(self, timeout=None):
-            if ran[-1].endswith("test_c.py") and not killed:
-                raise subprocess.TimeoutExpired("pytest", timeout)
+        def poll(self):
+            if ran[-1].endswith("test_c.py"):
+                return -9 if killed else None
             return 0 if ran[-1].endswith("test_b.py") else -11
+
+        def wait(self, timeout=None):
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired("pytest", timeout)
+            return self.poll()
 
     monkeypatch.setattr(suite.subprocess, "Popen", FakePytest)
     monkeypatch.setattr(suite.os, "killpg", lambda pid, sig: killed.append(pid))
     outcomes = suite._run_by_file(["pytest"], tests_dir, {}, units, out, 60, "t")
-    assert ran == [f"unit/zero/test_{x}.py" for x in "bcde"]  # test_a's report was kept
+    assert ran == [f"unit/zero/test_{x}.py" for x in "bcdef"]  # test_a's report was kept
     assert outcomes == {
         "unit.a.TestX::test_kept": "passed", "unit.a.TestX::test_ok": "passed", "unit.a.TestX::test_bad": "failed",
         # the tests that finished before the timeout keep their outcomes; the one that was running fails
         "unit.zero.test_c.TestY::test_one[0]": "passed", "unit.zero.test_c::test_two": "skipped",
-        "unit.zero.test_c.TestY::test_hangs": "failed",
+        "unit.zero.test_c.TestY::test_p[a::b]": "passed", "unit.zero.test_c.TestY::test_hangs": "failed",
         "unit/zero/test_d.py": "failed",  # no test named: the file fails
         # with pytest-xdist, every test a worker started and did not finish fails
         "unit.zero.test_e::test_bad": "failed", "unit.zero.test_e::test_fine": "passed",
         "unit.zero.test_e::test_stuck": "failed",
+        "unit.zero.test_f::test_ok": "passed", "unit/zero/test_f.py": "failed",
     }
     assert killed == [0] and not list(out.glob("*.partial"))
     assert "outlived --file-timeout 60 s" in (out / suite._report_name("unit/zero/test_c.py")).read_text()

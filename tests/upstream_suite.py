@@ -39,6 +39,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -128,11 +129,13 @@ def _report_name(unit):
 
 
 # pytest's verbose progress: "NODE OUTCOME [ 40%]", the outcome on a later line when the test wrote to the
-# terminal meanwhile; with pytest-xdist, "[gw0] [ 40%] OUTCOME NODE"
+# terminal meanwhile; with pytest-xdist, "[gw0] [ 40%] OUTCOME NODE". It ends at the first section line
+# after the session header (warnings, failures, the short summary), which name tests again.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NODE = re.compile(r"^(\S+\.py::\S+)\s*(.*)$")
-_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+\[\s*\d+%\]$")
 _XDIST_OUTCOME = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+\.py::\S+)")
+_SECTION = re.compile(r"^={3,} (?!test session starts)")
 _JUNIT_OUTCOME = {"PASSED": PASSED, "XPASS": PASSED, "FAILED": FAILED, "ERROR": FAILED, "SKIPPED": SKIPPED,
                   "XFAIL": SKIPPED}
 
@@ -143,6 +146,8 @@ def _progress_outcomes(lines):
     finished, started, running = {}, {}, None
     for line in lines:
         line = _ANSI.sub("", line).strip()
+        if _SECTION.match(line):
+            break
         xdist = _XDIST_OUTCOME.match(line)
         if xdist:
             finished[xdist.group(2)] = _JUNIT_OUTCOME[xdist.group(1)]
@@ -159,10 +164,14 @@ def _progress_outcomes(lines):
 
 
 def _junit_case(node):
-    """(classname, name) of a pytest node id as pytest's JUnit report names it."""
-    path, *rest = node.split("::")
+    """(classname, name) of a pytest node id as pytest's JUnit report names it (a parameter id may hold
+    "::" too)."""
+    base, bracket, params = node.partition("[")
+    path, *rest = base.split("::")
     classname = path[:-len(".py")].replace("/", ".") if path.endswith(".py") else path
-    return ".".join([classname, *rest[:-1]]), rest[-1] if rest else node
+    if not rest:
+        return "", node
+    return ".".join([classname, *rest[:-1]]), rest[-1] + bracket + params
 
 
 def _write_failed_report(junit, unit, message, output=()):
@@ -185,9 +194,12 @@ def _write_failed_report(junit, unit, message, output=()):
 
 def _echo_and_keep(stream, lines):
     for line in stream:
-        sys.stdout.write(line)
-        sys.stdout.flush()
         lines.append(line)
+        try:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass  # a closed terminal must not stop the draining, or pytest would block on a full pipe
 
 
 def _test_files(tests_dir, paths):
@@ -223,15 +235,17 @@ def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label):
             try:
                 code = proc.wait(timeout=file_timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
                 code = None
+            finally:
+                # also when this runner is stopped (SIGTERM from timeout(1) raises SystemExit in main()):
+                # pytest runs in a session of its own, which would outlive it
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
             echo.join(timeout=10)
-            if code is None:
-                _write_failed_report(partial, unit, f"no report: pytest outlived --file-timeout {file_timeout} s",
-                                     output)
-            elif not partial.is_file():
-                _write_failed_report(partial, unit, f"no report: pytest exited {code}", output)
+            if not partial.is_file():  # (one that wrote its report and then hung keeps it)
+                reason = f"outlived --file-timeout {file_timeout} s" if code is None else f"exited {code}"
+                _write_failed_report(partial, unit, f"no report: pytest {reason}", output)
             partial.replace(junit)
             print(f"== {label}: [{number}/{len(units)}] {unit}: {_summary(_outcomes(junit))} "
                   f"in {time.monotonic() - start:.0f} s", flush=True)
@@ -404,6 +418,9 @@ def main(argv=None):
         else:
             p.add_argument("--out", help="directory for both JUnit XML reports (default build/upstream-suite)")
     args = parser.parse_args(argv)
+    # timeout(1) and job control stop a run with SIGTERM: exit through Python so that the pytest of the
+    # file being run, in a session of its own, is stopped too (_run_by_file)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         if args.command == "diff":
             return diff(*args.results)
