@@ -16,7 +16,6 @@
 #   PYTHONPATH (default /tmp/site); ZERO3_UPSTREAM_BUDGET, seconds for both trees (default 540);
 #   ZERO3_WORKERS, xdist workers (default 10).
 set -uo pipefail
-cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
 usage="usage: scripts/gpu-upstream-ws1.sh PRISTINE FOLLOWUP OUT"
 pristine=${1:?$usage}
 followup=${2:?$usage}
@@ -25,13 +24,15 @@ for tree in "$pristine" "$followup"; do
     [[ -f $tree/deepspeed/__init__.py && -f $tree/tests/unit/common.py ]] ||
         { echo "gpu-upstream-ws1.sh: $tree is not a DeepSpeed tree with upstream's tests/" >&2; exit 2; }
 done
+mkdir -p "$out"
+# the paths as given, before moving to the repository root
+pristine=$(cd "$pristine" && pwd) followup=$(cd "$followup" && pwd) out=$(cd "$out" && pwd)
+cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=${ZERO3_SITE:-/tmp/site} PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
     DS_BUILD_OPS=0 ZERO3_TEST_DEVICE=${ZERO3_TEST_DEVICE:-cuda}
 budget=${ZERO3_UPSTREAM_BUDGET:-540}
 start=$SECONDS
 say() { echo "[$((SECONDS - start)) s] $*"; }
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
   date -u; } | tee "$out/device.txt"
@@ -47,7 +48,8 @@ for role in pristine followup; do
     tree=$pristine
     [[ $role == followup ]] && tree=$followup
     # the first tree gets half of what is left, the second all of the rest, a third of it per file at
-    # most (the runner kills a file's pytest at its timeout and keeps the tests that finished)
+    # most (the runner stops a file's pytest at its timeout, or when timeout(1) stops the runner, and
+    # keeps the tests that finished)
     left=$((budget - (SECONDS - start)))
     limit=$left
     [[ $role == pristine ]] && limit=$((left / 2))
