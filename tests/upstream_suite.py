@@ -213,8 +213,9 @@ def _test_files(tests_dir, paths):
     return list(dict.fromkeys(units))
 
 
-def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label):
-    """Run one pytest per unit, each writing its report into OUT_DIR (kept reports are reused)."""
+def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label, extensions_dir=None):
+    """Run one pytest per unit, each writing its report into OUT_DIR (kept reports are reused). After
+    stopping a pytest, the JIT build locks in EXTENSIONS_DIR (which no other process uses) are stale."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes, reused = {}, 0
     for number, unit in enumerate(units, 1):
@@ -242,6 +243,8 @@ def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label):
                 if proc.poll() is None:
                     os.killpg(proc.pid, 9)
                     proc.wait()
+                    for lock in extensions_dir.glob("*/lock") if extensions_dir else ():
+                        lock.unlink(missing_ok=True)
             echo.join(timeout=10)
             if not partial.is_file():  # (one that wrote its report and then hung keeps it)
                 reason = f"outlived --file-timeout {file_timeout} s" if code is None else f"exited {code}"
@@ -291,6 +294,12 @@ def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None,
     env["PYTHONPATH"] = os.pathsep.join([str(tree)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["LOCAL_SIZE"] = str(ranks)
     env.setdefault("DS_ACCELERATOR", os.environ.get("ZERO3_TEST_DEVICE", "cpu"))
+    extensions_of_this_run = by_file and "TORCH_EXTENSIONS_DIR" not in env
+    if extensions_of_this_run:
+        # --by-file stops a file's pytest with SIGKILL at its timeout; one stopped while building or
+        # loading a JIT op leaves that op's lock behind, and every later test that loads the op waits
+        # for it forever. A directory of this run's own can have the locks of a stopped pytest removed.
+        env["TORCH_EXTENSIONS_DIR"] = str(REPO_ROOT / "build" / "upstream-suite" / f"torch_extensions-{label}")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / "build" / "upstream-suite" / "torch_extensions"))
     env.setdefault("DS_BUILD_OPS", "0")
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--continue-on-collection-errors",
@@ -300,7 +309,8 @@ def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None,
     start = time.monotonic()
     if by_file:
         units = _shard(_test_files(tests_dir, paths), shard)
-        outcomes = _run_by_file(cmd, tests_dir, env, units, Path(by_file).resolve(), file_timeout, label)
+        outcomes = _run_by_file(cmd, tests_dir, env, units, Path(by_file).resolve(), file_timeout, label,
+                                Path(env["TORCH_EXTENSIONS_DIR"]) if extensions_of_this_run else None)
         seconds = time.monotonic() - start
         print(f"== {label}: {_summary(outcomes)} in {seconds:.0f} s ({len(units)} file(s))", flush=True)
         return outcomes, seconds
