@@ -31,7 +31,9 @@ again, so a run that was stopped goes on where it was, and ``--shard K/N`` (the 
 splits the files between processes or hosts that each write into their own DIR (or the same one). A
 file's pytest that ends without a report, or outlives --file-timeout, keeps the outcomes of the tests its
 output says finished, and the tests that were running (or, when none can be named, the file) are recorded as
-failed. ``diff`` compares two such results (directories of reports, or single reports) as
+failed. A --by-file run builds DeepSpeed's JIT ops in a TORCH_EXTENSIONS_DIR of its own (unless one is set),
+so that the build locks a stopped pytest leaves can be removed; runs of one tree (and shard) share their
+scratch copy and that directory, so run them one at a time. ``diff`` compares two such results (directories of reports, or single reports) as
 ``compare`` does, over the files both hold, and names the files only one of them holds.
 """
 
