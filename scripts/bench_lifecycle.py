@@ -23,6 +23,8 @@ against the series:
 
     python scripts/bench_lifecycle.py --pair workaround=reentrant@TREE-v0.19.2 series=series@TREE-series \
         --batch 4 --pairs 8 --block 3
+
+--pair-report JSON... prints the figures of several such runs (their --out), each and pooled.
 """
 
 import argparse
@@ -434,6 +436,43 @@ def run_pair(args):
                        "blocks": blocks}, out, indent=1)
 
 
+def report_pairs(paths):
+    """--pair-report JSON...: the figures of each --pair run, then of all of them pooled.
+
+    Runs of the same two sides on the same shape (labels, variants, model and batch) are pooled: each
+    pair of blocks stays a pair, the runs' pairs are put together, and the figures are computed over
+    all of them. The runs may come from different calls on different hosts (the ratio of each pair is
+    taken within its run, so a slower host does not bias it; the differences in ms mix the hosts'
+    speeds). The per-run lines show how far the runs disagree.
+    """
+    from paired_blocks import report
+    runs = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                run = json.load(f)
+            key = ([side[:2] for side in run["sides"]], run["shape"])
+            blocks = run["blocks"]
+            # what must not move between the two sides: the losses and the peak
+            sides = "; ".join(f"{label} warm-up losses {[round(x, 5) for x in ready['warmup_losses']]}, peak "
+                              f"{ready['peak_gib']:.3f} GiB" for (label, *_), ready in zip(run["sides"], run["ready"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"bench_lifecycle: --pair-report {path}: not the --out of a --pair run ({e})")
+        if runs and key != runs[0][1]:
+            sys.exit(f"bench_lifecycle: --pair-report {path}: runs {key} where {paths[0]} runs {runs[0][1]}; "
+                     f"only runs of the same sides and shape are pooled")
+        runs.append((path, key, blocks, sides))
+    (baseline, _), (other, _) = runs[0][1][0]
+    shape = dict(zip(runs[0][1][1][::2], runs[0][1][1][1::2]))
+    title = (f"Llama {shape.get('--layers')} x {shape.get('--hidden')} + LoRA, batch {shape.get('--batch')} x "
+             f"{shape.get('--seq')}, world size 1")
+    for path, _, blocks, sides in runs:
+        print(f"{path}: {len(blocks[baseline])} pairs; {sides}")
+        report(f"  {title}", baseline, other, blocks, "wall_ms")
+    pooled = {label: [block for _, _, blocks, _ in runs for block in blocks[label]] for label in (baseline, other)}
+    report(f"{title}; {len(runs)} runs pooled", baseline, other, pooled, "wall_ms")
+
+
 def run_variant(args):
     import torch.multiprocessing as mp
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -737,6 +776,8 @@ def main():
                         "size 1 taking turns in blocks of steps, and their paired step-time difference")
     parser.add_argument("--pairs", type=int, default=10, help="with --pair: pairs of blocks (default 10)")
     parser.add_argument("--block", type=int, default=3, help="with --pair: steps per block (default 3)")
+    parser.add_argument("--pair-report", nargs="+", metavar="JSON",
+                        help="print the figures of --pair runs (their --out), each and pooled")
     parser.add_argument("--serve-variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_variant:
@@ -744,6 +785,8 @@ def main():
         serve_variant(args)
     elif args.pair:
         run_pair(args)
+    elif args.pair_report:
+        report_pairs(args.pair_report)
     elif args.report:
         if not args.md:
             parser.error("--report needs --md")

@@ -132,8 +132,40 @@ def test_paired_blocks_take_turns_abba_and_report_the_pairs(capsys):
     assert figures["mean_ms"] == pytest.approx(2.0) and figures["ratio"] == pytest.approx(1.02)
     low, high = figures["interval_ms"]
     assert low <= figures["mean_ms"] <= high
+    ratio_low, ratio_high = figures["ratio_interval"]
+    assert ratio_low <= figures["ratio"] <= ratio_high
     out = capsys.readouterr().out
     assert "b - a, per pair: median +2.000 ms (+2.00 %)" in out and "mean of the per-pair ratios: 1.0200" in out
+
+
+def test_pair_report_pools_runs_of_the_same_sides_and_shape(tmp_path):
+    """--pair-report prints each --pair run and then all their pairs together; it refuses to pool runs
+    of another batch size, and a file that is not a --pair run's output, naming the file."""
+
+    def pair_run(name, batch, base_ms, ratio):
+        blocks = {"a": [{"wall_ms": base_ms + i, "cpu_ms": base_ms} for i in range(4)]}
+        blocks["b"] = [{"wall_ms": block["wall_ms"] * ratio, "cpu_ms": base_ms} for block in blocks["a"]]
+        path = tmp_path / name
+        path.write_text(json.dumps({"sides": [["a", "reentrant", "/t/1"], ["b", "series", "/t/2"]],
+                                    "shape": ["--layers", "2", "--hidden", "64", "--seq", "8", "--batch", str(batch)],
+                                    "ready": [{"warmup_losses": [1.0, 0.9], "peak_gib": 2.0}] * 2, "blocks": blocks}))
+        return str(path)
+
+    # a run on a slow host and one on a fast host: the pooled ratio is the mean of all the pairs' ratios
+    runs = [pair_run("slow.json", 4, 500.0, 1.10), pair_run("fast.json", 4, 100.0, 1.00)]
+    proc = subprocess.run([sys.executable, str(BENCH), "--pair-report", *runs], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(": 4 pairs; a warm-up losses [1.0, 0.9], peak 2.000 GiB; b warm-up") == 2 and "2 runs pooled, wall time per step, 8 pairs" in proc.stdout
+    assert "b / a, mean of the per-pair ratios: 1.1000, bootstrap 95 % interval 1.1000 .. 1.1000" in proc.stdout
+    assert "b / a, mean of the per-pair ratios: 1.0500, bootstrap 95 % interval" in proc.stdout.split("pooled")[1]
+    other_batch = subprocess.run([sys.executable, str(BENCH), "--pair-report", runs[0], pair_run("b16.json", 16, 9, 1)],
+                                 capture_output=True, text=True, timeout=120)
+    assert other_batch.returncode != 0 and "b16.json" in other_batch.stderr and "same sides and shape" in other_batch.stderr
+    (tmp_path / "trace.json").write_text(json.dumps({"step_s": [0.1]}))
+    not_a_pair = subprocess.run([sys.executable, str(BENCH), "--pair-report", str(tmp_path / "trace.json")],
+                                capture_output=True, text=True, timeout=120)
+    assert not_a_pair.returncode != 0 and "not the --out of a --pair run" in not_a_pair.stderr
 
 
 def test_trace_report_differences_match_moved_functions_within_one_release():
