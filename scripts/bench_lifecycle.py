@@ -469,8 +469,9 @@ def report_pairs(paths):
     for path, _, blocks, sides in runs:
         print(f"{path}: {len(blocks[baseline])} pairs; {sides}")
         report(f"  {title}", baseline, other, blocks, "wall_ms")
-    pooled = {label: [block for _, _, blocks, _ in runs for block in blocks[label]] for label in (baseline, other)}
-    report(f"{title}; {len(runs)} runs pooled", baseline, other, pooled, "wall_ms")
+    if len(runs) > 1:
+        pooled = {label: [block for _, _, blocks, _ in runs for block in blocks[label]] for label in (baseline, other)}
+        report(f"{title}; {len(runs)} runs pooled", baseline, other, pooled, "wall_ms")
 
 
 def run_variant(args):

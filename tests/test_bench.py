@@ -159,6 +159,9 @@ def test_pair_report_pools_runs_of_the_same_sides_and_shape(tmp_path):
     assert proc.stdout.count(": 4 pairs; a warm-up losses [1.0, 0.9], peak 2.000 GiB; b warm-up") == 2 and "2 runs pooled, wall time per step, 8 pairs" in proc.stdout
     assert "b / a, mean of the per-pair ratios: 1.1000, bootstrap 95 % interval 1.1000 .. 1.1000" in proc.stdout
     assert "b / a, mean of the per-pair ratios: 1.0500, bootstrap 95 % interval" in proc.stdout.split("pooled")[1]
+    alone = subprocess.run([sys.executable, str(BENCH), "--pair-report", runs[0]], capture_output=True, text=True,
+                           timeout=120)
+    assert alone.returncode == 0 and "pooled" not in alone.stdout and ": 4 pairs;" in alone.stdout
     other_batch = subprocess.run([sys.executable, str(BENCH), "--pair-report", runs[0], pair_run("b16.json", 16, 9, 1)],
                                  capture_output=True, text=True, timeout=120)
     assert other_batch.returncode != 0 and "b16.json" in other_batch.stderr and "same sides and shape" in other_batch.stderr
