@@ -432,18 +432,29 @@ def run_pair(args):
             series = "v0.19.8" if any(variant == "followup" for _, variant, _ in sides) else "v0.19.2"
             stamp = stamps.make(stamps.Path(ROOT) / "patches" / series, versions,
                                 [tree_name(tree) for _, _, tree in sides], "scripts/bench_lifecycle.py --pair")
-            json.dump({"stamp": stamp, "sides": sides, "shape": shape, "ready": [p.ready for p in processes],
-                       "blocks": blocks}, out, indent=1)
+            json.dump({"stamp": stamp, "sides": sides, "shape": shape, "block": args.block,
+                       "ready": [p.ready for p in processes], "blocks": blocks}, out, indent=1)
+
+
+def _pair_run_facts(run):
+    """What must be the same in runs that --pair-report pools, by name, as it prints them."""
+    facts = {"sides": ", ".join(f"{label}={variant}" for label, variant, *_ in run["sides"]),
+             "series": run.get("stamp", {}).get("series_id", "unstamped")}
+    facts.update(zip(run["shape"][::2], run["shape"][1::2]))
+    if "block" in run:  # (runs written before the block size was stored lack it)
+        facts["--block"] = str(run["block"])
+    return facts
 
 
 def report_pairs(paths):
     """--pair-report JSON...: the figures of each --pair run, then of all of them pooled.
 
-    Runs of the same two sides on the same shape (labels, variants, model and batch) are pooled: each
-    pair of blocks stays a pair, the runs' pairs are put together, and the figures are computed over
-    all of them. The runs may come from different calls on different hosts (the ratio of each pair is
-    taken within its run, so a slower host does not bias it; the differences in ms mix the hosts'
-    speeds). The per-run lines show how far the runs disagree.
+    Runs of the same two sides on the same shape and series revision are pooled: each pair of blocks
+    stays a pair, the runs' pairs are put together, and the figures are computed over all of them, so
+    a run weighs as many pairs as it has. The runs may come from different calls on different hosts
+    (the ratio of each pair is taken within its run, so a slower host does not bias it; the differences
+    in ms mix the hosts' speeds). The bootstrap treats the pooled pairs as independent, which ignores
+    what differs between calls: the per-run lines show how far the runs disagree.
     """
     from paired_blocks import report
     runs = []
@@ -451,21 +462,33 @@ def report_pairs(paths):
         try:
             with open(path) as f:
                 run = json.load(f)
-            key = ([side[:2] for side in run["sides"]], run["shape"])
+            facts = _pair_run_facts(run)
+            (baseline, *_), (other, *_) = run["sides"]
             blocks = run["blocks"]
+            counts = (len(blocks[baseline]), len(blocks[other]))
             # what must not move between the two sides: the losses and the peak
             sides = "; ".join(f"{label} warm-up losses {[round(x, 5) for x in ready['warmup_losses']]}, peak "
                               f"{ready['peak_gib']:.3f} GiB" for (label, *_), ready in zip(run["sides"], run["ready"]))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            sys.exit(f"bench_lifecycle: --pair-report {path}: not the --out of a --pair run ({e})")
-        if runs and key != runs[0][1]:
-            sys.exit(f"bench_lifecycle: --pair-report {path}: runs {key} where {paths[0]} runs {runs[0][1]}; "
-                     f"only runs of the same sides and shape are pooled")
-        runs.append((path, key, blocks, sides))
-    (baseline, _), (other, _) = runs[0][1][0]
-    shape = dict(zip(runs[0][1][1][::2], runs[0][1][1][1::2]))
-    title = (f"Llama {shape.get('--layers')} x {shape.get('--hidden')} + LoRA, batch {shape.get('--batch')} x "
-             f"{shape.get('--seq')}, world size 1")
+            sys.exit(f"bench_lifecycle: --pair-report {path}: not the --out of a --pair run ({e!r})")
+        if counts[0] != counts[1] or counts[0] < 2:
+            sys.exit(f"bench_lifecycle: --pair-report {path}: {counts[0]} blocks of {baseline} and {counts[1]} of "
+                     f"{other}; a run needs at least 2 pairs of blocks")
+        if any(os.path.samefile(path, earlier) for earlier, *_ in runs):
+            sys.exit(f"bench_lifecycle: --pair-report {path}: given twice")
+        if runs:
+            first_path, first = runs[0][0], runs[0][1]
+            for name in sorted(set(facts) | set(first)):
+                if name == "--block" and not (name in facts and name in first):
+                    continue  # a run written before the block size was stored
+                if facts.get(name) != first.get(name):
+                    sys.exit(f"bench_lifecycle: --pair-report {path}: {name} {facts.get(name)} where {first_path} has "
+                             f"{name} {first.get(name)}; only runs of the same sides, shape and series are pooled")
+        runs.append((path, facts, blocks, sides))
+    # (every run has the first one's sides, so the last run's labels are everyone's)
+    facts = runs[0][1]
+    title = (f"Llama {facts.get('--layers')} x {facts.get('--hidden')} + LoRA, batch {facts.get('--batch')} x "
+             f"{facts.get('--seq')}, world size 1")
     for path, _, blocks, sides in runs:
         print(f"{path}: {len(blocks[baseline])} pairs; {sides}")
         report(f"  {title}", baseline, other, blocks, "wall_ms")
@@ -784,6 +807,8 @@ def main():
     if args.serve_variant:
         args.variant = args.serve_variant
         serve_variant(args)
+    elif args.pair and args.pair_report:
+        parser.error("give --pair or --pair-report, not both")
     elif args.pair:
         run_pair(args)
     elif args.pair_report:

@@ -139,35 +139,52 @@ def test_paired_blocks_take_turns_abba_and_report_the_pairs(capsys):
 
 
 def test_pair_report_pools_runs_of_the_same_sides_and_shape(tmp_path):
-    """--pair-report prints each --pair run and then all their pairs together; it refuses to pool runs
-    of another batch size, and a file that is not a --pair run's output, naming the file."""
+    """--pair-report prints each --pair run and then all their pairs together, each pair weighing
+    the same whatever its run's length; it refuses, naming the file and what differs, a run of another
+    batch size or series revision, the same file twice, a run whose sides have unequal or too few
+    blocks, and a file that is not a --pair run's output."""
 
-    def pair_run(name, batch, base_ms, ratio):
-        blocks = {"a": [{"wall_ms": base_ms + i, "cpu_ms": base_ms} for i in range(4)]}
-        blocks["b"] = [{"wall_ms": block["wall_ms"] * ratio, "cpu_ms": base_ms} for block in blocks["a"]]
+    def pair_run(name, batch, base_ms, ratio, pairs=4, series_id="e8dcb5973fca", drop=0):
+        blocks = {"a": [{"wall_ms": base_ms + i, "cpu_ms": base_ms} for i in range(pairs)]}
+        blocks["b"] = [{"wall_ms": block["wall_ms"] * ratio, "cpu_ms": base_ms} for block in blocks["a"]][drop:]
         path = tmp_path / name
-        path.write_text(json.dumps({"sides": [["a", "reentrant", "/t/1"], ["b", "series", "/t/2"]],
+        path.write_text(json.dumps({"stamp": {"series_id": series_id},
+                                    "sides": [["a", "reentrant", "/t/1"], ["b", "series", "/t/2"]],
                                     "shape": ["--layers", "2", "--hidden", "64", "--seq", "8", "--batch", str(batch)],
                                     "ready": [{"warmup_losses": [1.0, 0.9], "peak_gib": 2.0}] * 2, "blocks": blocks}))
         return str(path)
 
-    # a run on a slow host and one on a fast host: the pooled ratio is the mean of all the pairs' ratios
-    runs = [pair_run("slow.json", 4, 500.0, 1.10), pair_run("fast.json", 4, 100.0, 1.00)]
-    proc = subprocess.run([sys.executable, str(BENCH), "--pair-report", *runs], capture_output=True, text=True,
-                          timeout=120)
+    def pair_report(*paths):
+        return subprocess.run([sys.executable, str(BENCH), "--pair-report", *paths], capture_output=True, text=True,
+                              timeout=120)
+
+    # a run on a slow host with 4 pairs and one on a fast host with 2: the pooled ratio is the mean of
+    # the 6 pairs' ratios (4 x 1.1 and 2 x 1.0), not of the two runs' means
+    runs = [pair_run("slow.json", 4, 500.0, 1.10), pair_run("fast.json", 4, 100.0, 1.00, pairs=2)]
+    proc = pair_report(*runs)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(": 4 pairs; a warm-up losses [1.0, 0.9], peak 2.000 GiB; b warm-up") == 2 and "2 runs pooled, wall time per step, 8 pairs" in proc.stdout
+    assert ": 4 pairs; a warm-up losses [1.0, 0.9], peak 2.000 GiB; b warm-up" in proc.stdout
+    assert "2 runs pooled, wall time per step, 6 pairs" in proc.stdout
     assert "b / a, mean of the per-pair ratios: 1.1000, bootstrap 95 % interval 1.1000 .. 1.1000" in proc.stdout
-    assert "b / a, mean of the per-pair ratios: 1.0500, bootstrap 95 % interval" in proc.stdout.split("pooled")[1]
-    alone = subprocess.run([sys.executable, str(BENCH), "--pair-report", runs[0]], capture_output=True, text=True,
-                           timeout=120)
+    pooled = proc.stdout.split("pooled")[1]
+    assert "b / a, mean of the per-pair ratios: 1.0667, bootstrap 95 % interval" in pooled
+    # the geometric mean, which does not depend on which side is the baseline: exp((4 ln 1.1) / 6)
+    assert "b / a, geometric mean of the per-pair ratios: 1.0656, bootstrap 95 % interval" in pooled
+    alone = pair_report(runs[0])
     assert alone.returncode == 0 and "pooled" not in alone.stdout and ": 4 pairs;" in alone.stdout
-    other_batch = subprocess.run([sys.executable, str(BENCH), "--pair-report", runs[0], pair_run("b16.json", 16, 9, 1)],
-                                 capture_output=True, text=True, timeout=120)
-    assert other_batch.returncode != 0 and "b16.json" in other_batch.stderr and "same sides and shape" in other_batch.stderr
+    refused = {
+        "b16.json": (pair_run("b16.json", 16, 9, 1), "--batch 16 where"),
+        "old.json": (pair_run("old.json", 4, 9, 1, series_id="0123456789ab"), "series 0123456789ab where"),
+        "slow.json": (runs[0], "given twice"),
+        "short.json": (pair_run("short.json", 4, 9, 1, drop=1), "4 blocks of a and 3 of b"),
+        "one.json": (pair_run("one.json", 4, 9, 1, pairs=1), "1 blocks of a and 1 of b"),
+    }
+    for name, (path, reason) in refused.items():
+        proc = pair_report(runs[0], path)
+        assert proc.returncode != 0 and name in proc.stderr and reason in proc.stderr, (name, proc.stderr)
+        assert "Traceback" not in proc.stderr
     (tmp_path / "trace.json").write_text(json.dumps({"step_s": [0.1]}))
-    not_a_pair = subprocess.run([sys.executable, str(BENCH), "--pair-report", str(tmp_path / "trace.json")],
-                                capture_output=True, text=True, timeout=120)
+    not_a_pair = pair_report(str(tmp_path / "trace.json"))
     assert not_a_pair.returncode != 0 and "not the --out of a --pair run" in not_a_pair.stderr
 
 
