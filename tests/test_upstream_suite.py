@@ -109,7 +109,7 @@ def _junit(path, cases):
         for name, outcome in cases.items()) + "</testsuite></testsuites>")
 
 
-def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_shows(tmp_path, monkeypatch):
+def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_shows(tmp_path, monkeypatch, capsys):
     tests_dir = tmp_path / "tests"
     for name in ("test_a.py", "test_b.py", "test_c.py", "test_d.py", "test_e.py", "test_f.py"):
         (tests_dir / "unit" / "zero").mkdir(parents=True, exist_ok=True)
@@ -130,7 +130,7 @@ def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_
                       "unit/zero/test_c.py::TestY::test_one[0] \x1b[32mPASSED\x1b[0m [ 33%]\n",
                       "unit/zero/test_c.py::test_two [rank0] a warning\n", "XFAIL [ 66%]\n",
                       "unit/zero/test_c.py::TestY::test_p[a::b] PASSED [ 70%]\n",
-                      "unit/zero/test_c.py::TestY::test_hangs \n"],
+                      "unit/zero/test_c.py::TestY::test_hangs "],  # killed before its outcome and newline
         "test_d.py": ["nothing but a crash\n", "ERROR: a message a test printed\n"],
         "test_f.py": ["unit/zero/test_f.py::test_ok PASSED [100%]\n", "===== warnings summary =====\n",
                       "unit/zero/test_f.py::test_ok\n", "===== short test summary info =====\n",
@@ -182,6 +182,9 @@ def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_
         "unit.zero.test_f::test_ok": "passed", "unit/zero/test_f.py": "failed",
     }
     assert killed == [0] and not list(out.glob("*.partial"))
+    # the runner's own line starts a line, also after pytest was stopped in the middle of one
+    printed = capsys.readouterr().out
+    assert "test_hangs == t: [" not in printed and "\n== t: [3/6] unit/zero/test_c.py:" in printed
     assert "outlived --file-timeout 60 s" in (out / suite._report_name("unit/zero/test_c.py")).read_text()
 
 

@@ -252,7 +252,9 @@ def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label, exten
                 reason = f"outlived --file-timeout {file_timeout} s" if code is None else f"exited {code}"
                 _write_failed_report(partial, unit, f"no report: pytest {reason}", output)
             partial.replace(junit)
-            print(f"== {label}: [{number}/{len(units)}] {unit}: {_summary(_outcomes(junit))} "
+            # (a pytest stopped in the middle of a line leaves it open)
+            open_line = "\n" if output and not output[-1].endswith("\n") else ""
+            print(f"{open_line}== {label}: [{number}/{len(units)}] {unit}: {_summary(_outcomes(junit))} "
                   f"in {time.monotonic() - start:.0f} s", flush=True)
         outcomes.update(_outcomes(junit))
     if reused:
