@@ -485,7 +485,8 @@ def report_pairs(paths):
                     sys.exit(f"bench_lifecycle: --pair-report {path}: {name} {facts.get(name)} where {first_path} has "
                              f"{name} {first.get(name)}; only runs of the same sides, shape and series are pooled")
         runs.append((path, facts, blocks, sides))
-    # (every run has the first one's sides, so the last run's labels are everyone's)
+    # every run has the first one's sides
+    baseline, other = [side.split("=")[0] for side in runs[0][1]["sides"].split(", ")]
     facts = runs[0][1]
     title = (f"Llama {facts.get('--layers')} x {facts.get('--hidden')} + LoRA, batch {facts.get('--batch')} x "
              f"{facts.get('--seq')}, world size 1")
