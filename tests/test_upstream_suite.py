@@ -200,5 +200,10 @@ def test_diff_compares_the_files_both_results_hold(tmp_path, capsys):
     assert "only the pristine results have b.xml: not compared" in out
     assert "REGRESSION unit.a.TestX::test_1: passed -> failed" in out
     assert "compared 1 file(s)" in out
+    # --brief counts the changes by kind and still names the regression
+    assert suite.diff(pristine, patched, brief=True) == 1
+    out = capsys.readouterr().out
+    assert "  1 failed -> passed\n  1 passed -> failed\n  REGRESSION unit.a.TestX::test_1: passed -> failed" in out
+    assert "unit.a.TestX::test_2" not in out
     _junit(patched / "a.xml", {"test_1": "passed", "test_2": "passed"})
     assert suite.diff(pristine, patched) == 0

@@ -34,7 +34,8 @@ output says finished, and the tests that were running (or, when none can be name
 failed. A --by-file run builds DeepSpeed's JIT ops in a TORCH_EXTENSIONS_DIR of its own (unless one is set),
 so that the build locks a stopped pytest leaves can be removed; runs of one tree (and shard) share their
 scratch copy and that directory, so run them one at a time. ``diff`` compares two such results (directories of reports, or single reports) as
-``compare`` does, over the files both hold, and names the files only one of them holds.
+``compare`` does, over the files both hold, and names the files only one of them holds; with --brief it
+counts the changes by kind and names only the regressions.
 """
 
 import argparse
@@ -377,8 +378,10 @@ def _results(source):
     raise SystemExit(f"{source}: no such report or directory of reports")
 
 
-def diff(pristine_source, patched_source):
-    """Compare two results over the reports both hold; returns the exit code."""
+def diff(pristine_source, patched_source, brief=False):
+    """Compare two results over the reports both hold; returns the exit code. ``brief``: count the changes
+    by kind (``missing -> passed``: a test only the patched tree has) instead of naming each one; a
+    regression is still named."""
     pristine, patched = _results(pristine_source), _results(patched_source)
     if Path(pristine_source).is_dir() and Path(patched_source).is_dir():
         shared = sorted(set(pristine) & set(patched))
@@ -392,12 +395,18 @@ def diff(pristine_source, patched_source):
     lines, regressions = compare(before, after)
     files = f"{len(shared)} file(s)" if shared is not None else "one report each"
     print(f"compared {files}: pristine {_summary(before)}; patched {_summary(after)}")
-    return _print_changes(lines, regressions)
+    return _print_changes(lines, regressions, brief)
 
 
-def _print_changes(lines, regressions):
+def _print_changes(lines, regressions, brief=False):
     """Print what compare() found, for `compare` and `diff`; returns the exit code."""
     print(f"{len(lines)} test(s) changed outcome" + (":" if lines else ""))
+    if brief:
+        # "  [REGRESSION ]test id: before -> after": count by "before -> after"
+        kinds = Counter(line.rsplit(": ", 1)[1] for line in lines)
+        for kind, count in sorted(kinds.items()):
+            print(f"  {count} {kind}")
+        lines = [line for line in lines if "REGRESSION " in line]
     for line in lines:
         print(line)
     print(f"{regressions} regression(s): {'none' if not regressions else 'a test that passes on pristine does not pass patched'}")
@@ -415,6 +424,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("diff", help="compare two results of `run` (reports or --by-file directories)")
     p.add_argument("results", nargs=2, metavar="RESULTS")
+    p.add_argument("--brief", action="store_true",
+                   help="count the changes by kind instead of listing each test (regressions are still listed)")
     for name in ("run", "compare"):
         p = sub.add_parser(name)
         p.add_argument("trees", nargs=1 if name == "run" else 2, metavar="TREE")
@@ -437,7 +448,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         if args.command == "diff":
-            return diff(*args.results)
+            return diff(*args.results, brief=args.brief)
         if args.command == "run":
             if args.shard and not args.by_file:
                 parser.error("--shard needs --by-file")
