@@ -406,7 +406,7 @@ def _print_changes(lines, regressions, brief=False):
         kinds = Counter(line.rsplit(": ", 1)[1] for line in lines)
         for kind, count in sorted(kinds.items()):
             print(f"  {count} {kind}")
-        lines = [line for line in lines if "REGRESSION " in line]
+        lines = [line for line in lines if line.startswith("  REGRESSION ")]
     for line in lines:
         print(line)
     print(f"{regressions} regression(s): {'none' if not regressions else 'a test that passes on pristine does not pass patched'}")
