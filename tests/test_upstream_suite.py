@@ -205,5 +205,10 @@ def test_diff_compares_the_files_both_results_hold(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "  1 failed -> passed\n  1 passed -> failed\n  REGRESSION unit.a.TestX::test_1: passed -> failed" in out
     assert "unit.a.TestX::test_2" not in out
+    assert "only the pristine results have b.xml: not compared" in out  # b passes a test on pristine
+    _junit(pristine / "c.xml", {"test_4": "failed"})
+    suite.diff(pristine, patched, brief=True)
+    out = capsys.readouterr().out
+    assert "  1 file(s) in which pristine passes no test: not run on this side" in out and "c.xml" not in out
     _junit(patched / "a.xml", {"test_1": "passed", "test_2": "passed"})
     assert suite.diff(pristine, patched) == 0
