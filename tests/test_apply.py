@@ -906,6 +906,55 @@ def test_each_batch_letter_carries_its_reproduction_verbatim():
             assert len(repro.read_text().splitlines()) <= 16, f"repro/{repro.name}: keep it short"
 
 
+# What a DeepSpeed maintainer receives in the upstream proposal: our own vocabulary in none of its files,
+# messages read in two minutes, and tests sized to the code they cover.
+PROJECT_VOCABULARY = re.compile(r"fuzz|family|Needs: 0|series-|v0\.19\.2's series")
+MAX_MESSAGE_LINES = 25
+MAX_ADDED_TEST_LINES = 800
+
+
+def _message_lines(patch_text):
+    """Lines of a format-patch's commit message: the subject (one line, however the header wraps it), a
+    blank line and the body."""
+    message = email.message_from_string(patch_text.partition("\n---\n")[0], policy=email.policy.default)
+    body = message.get_payload().strip("\n")
+    return 2 + len(body.splitlines()) if body else 1
+
+
+def _added_test_lines(patch_text):
+    added, in_tests = 0, False
+    for line in patch_text.partition("\n---\n")[2].splitlines():
+        if line.startswith("diff --git "):
+            in_tests = line.rsplit(" b/", 1)[-1].startswith("tests/")
+        elif in_tests and line.startswith("+") and not line.startswith("+++"):
+            added += 1
+    return added
+
+
+def test_proposal_checks_catch_long_messages_and_test_lines():
+    body = "\n".join(f"line {i}" for i in range(MAX_MESSAGE_LINES))
+    patch = (f"From 0 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] ZeRO-3: a\n\n{body}\n---\n"
+             "diff --git a/tests/unit/t.py b/tests/unit/t.py\n+++ b/tests/unit/t.py\n+x\n+y\n"
+             "diff --git a/deepspeed/z.py b/deepspeed/z.py\n+++ b/deepspeed/z.py\n+z\n")
+    assert _message_lines(patch) == MAX_MESSAGE_LINES + 2
+    assert _added_test_lines(patch) == 2
+    assert PROJECT_VOCABULARY.search("Needs: 0006") and not PROJECT_VOCABULARY.search("ZeRO-3: keep params")
+
+
+def test_v0198_proposal_reads_as_an_upstream_patch_series():
+    proposal = REPO / "patches" / "v0.19.8"
+    for path in sorted(p for p in proposal.rglob("*") if p.is_file()):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not PROJECT_VOCABULARY.search(line), f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+    patches = [p for p in sorted(proposal.glob("[0-9][0-9][0-9][0-9]-*.patch")) if not p.name.startswith("0000-")]
+    assert patches
+    for patch in patches:
+        lines = _message_lines(patch.read_text())
+        assert lines <= MAX_MESSAGE_LINES, f"{patch.name}: a {lines}-line message (at most {MAX_MESSAGE_LINES})"
+    added = sum(_added_test_lines(p.read_text()) for p in patches)
+    assert added <= MAX_ADDED_TEST_LINES, f"the proposal adds {added} test lines (at most {MAX_ADDED_TEST_LINES})"
+
+
 def test_checkout_not_left_mid_am_with_a_message_saying_otherwise(fork, synthetic_series, tmp_path):
     """When the failed am cannot be aborted (here a git whose `am --abort` fails, as it does on a locked
     index), apply.sh must not say that nothing is left: it says what is left and how to clean it up."""
