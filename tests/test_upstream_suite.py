@@ -188,6 +188,44 @@ def test_by_file_reports_resume_and_a_file_without_report_keeps_what_its_output_
     assert "outlived --file-timeout 60 s" in (out / suite._report_name("unit/zero/test_c.py")).read_text()
 
 
+def test_only_passed_in_runs_only_the_tests_that_passed_on_pristine(tmp_path, monkeypatch, capsys):
+    pristine, out = tmp_path / "pristine", tmp_path / "patched"
+    pristine.mkdir()
+    # the node ids pytest prints, as a pristine report records them (a nested class, a module-level
+    # function, a parameter id holding "::")
+    suite._write_failed_report(pristine / suite._report_name("unit/zero/test_c.py"), "unit/zero/test_c.py", "", [
+        "unit/zero/test_c.py::TestY::test_one[0] PASSED [ 20%]\n",
+        "unit/zero/test_c.py::TestY::TestInner::test_deep PASSED [ 40%]\n",
+        "unit/zero/test_c.py::test_two PASSED [ 60%]\n", "unit/zero/test_c.py::TestY::test_p[a::b] PASSED [ 80%]\n",
+        "unit/zero/test_c.py::TestY::test_broken FAILED [ 90%]\n", "unit/zero/test_c.py::test_skip SKIPPED [100%]\n"])
+    _junit(pristine / suite._report_name("unit/zero/test_d.py"), {"test_bad": "failed"})
+    ran = []
+
+    class FakePytest:
+
+        def __init__(self, cmd, **kwargs):
+            cut = next(i for i, arg in enumerate(cmd) if arg.startswith("--junitxml="))
+            ran.append(cmd[cut + 1:])
+            _junit(Path(cmd[cut].split("=", 1)[1]), {"test_one[0]": "passed"})
+            self.stdout, self.pid = io.StringIO(""), 0
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(suite.subprocess, "Popen", FakePytest)
+    units = ["unit/zero/test_c.py", "unit/zero/test_d.py"]
+    suite._run_by_file(["pytest"], tmp_path, {}, units, out, 60, "t", only_passed_in=pristine)
+    assert ran == [["unit/zero/test_c.py::TestY::test_one[0]", "unit/zero/test_c.py::TestY::TestInner::test_deep",
+                    "unit/zero/test_c.py::test_two", "unit/zero/test_c.py::TestY::test_p[a::b]"]]
+    assert "unit/zero/test_d.py: passes no test in" in capsys.readouterr().out
+    assert not (out / suite._report_name("unit/zero/test_d.py")).exists()
+    with pytest.raises(SystemExit, match="test_e.py.xml does not exist: run unit/zero/test_e.py on the pristine tree"):
+        suite._run_by_file(["pytest"], tmp_path, {}, ["unit/zero/test_e.py"], out, 60, "t", only_passed_in=pristine)
+
+
 def test_diff_compares_the_files_both_results_hold(tmp_path, capsys):
     pristine, patched = tmp_path / "pristine", tmp_path / "patched"
     pristine.mkdir()

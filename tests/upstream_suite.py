@@ -2,8 +2,8 @@
 compare a patched tree with its pristine release: no test may fail with the patches that passes
 without them.
 
-    python -m tests.upstream_suite run [--tests SRC] [--ranks N] [--junit FILE | --by-file DIR [--shard K/N]]
-                                       TREE [PATH ...] [-- ARG ...]
+    python -m tests.upstream_suite run [--tests SRC] [--ranks N] [--junit FILE | --by-file DIR [--shard K/N]
+                                       [--only-passed-in PRISTINE_DIR]] TREE [PATH ...] [-- ARG ...]
     python -m tests.upstream_suite compare [--tests SRC] [--ranks N] [--out DIR] PRISTINE PATCHED [PATH ...]
     python -m tests.upstream_suite diff PRISTINE_RESULTS PATCHED_RESULTS
 
@@ -28,7 +28,10 @@ differs; it exits 1 when a test that passed on PRISTINE fails, errors or is miss
 The whole of the three directories is about 800 tests, hours a tree on 2 cores. ``run --by-file DIR``
 runs one pytest per test file and writes DIR/<file>.xml; a file whose report is already there is not run
 again, so a run that was stopped goes on where it was, and ``--shard K/N`` (the K-th of every N files)
-splits the files between processes or hosts that each write into their own DIR (or the same one). A
+splits the files between processes or hosts that each write into their own DIR (or the same one).
+``--only-passed-in PRISTINE_DIR`` runs, of each file, only the tests that passed in PRISTINE_DIR's report
+of it (the others cannot regress; a file that passes none there is not run): a long file's patched run
+then takes the time of its passing tests only. A
 file's pytest that ends without a report, or outlives --file-timeout, keeps the outcomes of the tests its
 output says finished, and the tests that were running (or, when none can be named, the file) are recorded as
 failed. A --by-file run builds DeepSpeed's JIT ops in a TORCH_EXTENSIONS_DIR of its own (unless one is set),
@@ -216,19 +219,44 @@ def _test_files(tests_dir, paths):
     return list(dict.fromkeys(units))
 
 
-def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label, extensions_dir=None):
+def _passed_node_ids(unit, report):
+    """pytest node ids of the tests of UNIT (a test file relative to tests/) that passed in REPORT."""
+    module = unit[:-len(".py")].replace("/", ".")
+    nodes = []
+    for test_id, outcome in _outcomes(report).items():
+        classname, _, name = test_id.partition("::")  # (a class name holds no "::"; a parameter id may)
+        if outcome != PASSED or not name or not (classname == module or classname.startswith(module + ".")):
+            continue
+        classes = classname[len(module) + 1:].split(".") if classname != module else []
+        nodes.append("::".join([unit, *classes, name]))
+    return nodes
+
+
+def _run_by_file(cmd, tests_dir, env, units, out_dir, file_timeout, label, extensions_dir=None, only_passed_in=None):
     """Run one pytest per unit, each writing its report into OUT_DIR (kept reports are reused). After
-    stopping a pytest, the JIT build locks in EXTENSIONS_DIR (which no other process uses) are stale."""
+    stopping a pytest, the JIT build locks in EXTENSIONS_DIR (which no other process uses) are stale.
+    With ONLY_PASSED_IN (a directory of reports), only the tests that passed there are run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes, reused = {}, 0
     for number, unit in enumerate(units, 1):
         junit = out_dir / _report_name(unit)
+        selection = [unit]
+        if only_passed_in and not junit.is_file():
+            reference = only_passed_in / _report_name(unit)
+            if not reference.is_file():
+                raise SystemExit(f"--only-passed-in: {reference} does not exist: run {unit} on the pristine tree "
+                                 f"into {only_passed_in} first")
+            selection = _passed_node_ids(unit, reference)
+            if not selection:
+                print(f"== {label}: [{number}/{len(units)}] {unit}: passes no test in {only_passed_in}: not run",
+                      flush=True)
+                continue
         if junit.is_file():
             reused += 1
         else:
             partial = junit.with_suffix(".partial")
             start = time.monotonic()
-            proc = subprocess.Popen([*cmd, f"--junitxml={partial}", unit], cwd=tests_dir, env=env,
+            proc = subprocess.Popen([*cmd, f"--junitxml={partial}", *selection], cwd=tests_dir, env=env,
                                     start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace")
             # pytest's output goes on to the terminal and is kept: it names the tests that finished
@@ -270,7 +298,8 @@ def _shard(units, shard):
     return units[int(k) - 1::int(n)]
 
 
-def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None, shard=None, file_timeout=1800):
+def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None, shard=None, file_timeout=1800,
+        only_passed_in=None):
     """Run upstream's tests in PATHS against TREE; returns ({test id: outcome}, seconds). A PATH is relative
     to tests/, or a path to a file under some other tree's tests/, which then replaces the copy's file."""
     tree = Path(tree).resolve()
@@ -315,7 +344,8 @@ def run(tree, tests, ranks, junit, paths, pytest_args, label=None, by_file=None,
     if by_file:
         units = _shard(_test_files(tests_dir, paths), shard)
         outcomes = _run_by_file(cmd, tests_dir, env, units, Path(by_file).resolve(), file_timeout, label,
-                                Path(env["TORCH_EXTENSIONS_DIR"]) if extensions_of_this_run else None)
+                                Path(env["TORCH_EXTENSIONS_DIR"]) if extensions_of_this_run else None,
+                                Path(only_passed_in).resolve() if only_passed_in else None)
         seconds = time.monotonic() - start
         print(f"== {label}: {_summary(outcomes)} in {seconds:.0f} s ({len(units)} file(s))", flush=True)
         return outcomes, seconds
@@ -447,6 +477,8 @@ def main(argv=None):
             p.add_argument("--shard", metavar="K/N", help="with --by-file: only the K-th of every N test files")
             p.add_argument("--file-timeout", type=int, default=1800, metavar="S",
                            help="with --by-file: seconds a file's pytest may take (default 1800)")
+            p.add_argument("--only-passed-in", metavar="PRISTINE_DIR",
+                           help="with --by-file: run only the tests that passed in PRISTINE_DIR's reports")
         else:
             p.add_argument("--out", help="directory for both JUnit XML reports (default build/upstream-suite)")
     args = parser.parse_args(argv)
@@ -457,10 +489,11 @@ def main(argv=None):
         if args.command == "diff":
             return diff(*args.results, brief=args.brief)
         if args.command == "run":
-            if args.shard and not args.by_file:
-                parser.error("--shard needs --by-file")
+            if (args.shard or args.only_passed_in) and not args.by_file:
+                parser.error(f"{'--shard' if args.shard else '--only-passed-in'} needs --by-file")
             outcomes, _ = run(args.trees[0], args.tests, args.ranks, args.junit, args.paths, pytest_args,
-                              by_file=args.by_file, shard=args.shard, file_timeout=args.file_timeout)
+                              by_file=args.by_file, shard=args.shard, file_timeout=args.file_timeout,
+                              only_passed_in=args.only_passed_in)
             return 1 if FAILED in outcomes.values() else 0
         out = Path(args.out or REPO_ROOT / "build" / "upstream-suite")
         out.mkdir(parents=True, exist_ok=True)
