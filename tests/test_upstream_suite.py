@@ -222,6 +222,12 @@ def test_only_passed_in_runs_only_the_tests_that_passed_on_pristine(tmp_path, mo
                     "unit/zero/test_c.py::test_two", "unit/zero/test_c.py::TestY::test_p[a::b]"]]
     assert "unit/zero/test_d.py: passes no test in" in capsys.readouterr().out
     assert not (out / suite._report_name("unit/zero/test_d.py")).exists()
+    # a PATH that names tests inside a file (file::Class) selects from that unit's own pristine report
+    unit = "unit/zero/test_c.py::TestY"
+    suite._write_failed_report(pristine / suite._report_name(unit), unit, "", [
+        "unit/zero/test_c.py::TestY::test_one[0] PASSED [ 50%]\n", "unit/zero/test_c.py::TestY::test_x FAILED [100%]\n"])
+    suite._run_by_file(["pytest"], tmp_path, {}, [unit], out, 60, "t", only_passed_in=pristine)
+    assert ran[-1] == ["unit/zero/test_c.py::TestY::test_one[0]"]
     with pytest.raises(SystemExit, match="test_e.py.xml does not exist: run unit/zero/test_e.py on the pristine tree"):
         suite._run_by_file(["pytest"], tmp_path, {}, ["unit/zero/test_e.py"], out, 60, "t", only_passed_in=pristine)
 

@@ -220,15 +220,17 @@ def _test_files(tests_dir, paths):
 
 
 def _passed_node_ids(unit, report):
-    """pytest node ids of the tests of UNIT (a test file relative to tests/) that passed in REPORT."""
-    module = unit[:-len(".py")].replace("/", ".")
+    """pytest node ids of the tests of UNIT (a test file relative to tests/, or a node id in one) that
+    passed in REPORT."""
+    path = unit.partition("::")[0]
+    module = path[:-len(".py")].replace("/", ".")
     nodes = []
     for test_id, outcome in _outcomes(report).items():
         classname, _, name = test_id.partition("::")  # (a class name holds no "::"; a parameter id may)
         if outcome != PASSED or not name or not (classname == module or classname.startswith(module + ".")):
             continue
         classes = classname[len(module) + 1:].split(".") if classname != module else []
-        nodes.append("::".join([unit, *classes, name]))
+        nodes.append("::".join([path, *classes, name]))
     return nodes
 
 
