@@ -55,14 +55,25 @@ _GPU_BENCH_V0192 = ("The GPU benchmark (one H200) has not been run on the curren
 _GPU_BENCH_V0198 = ("The GPU benchmark (one H200) has not been run on the current follow-up: it needs a GPU, "
                     "and the runs since then went to the test suite and to the batches' GPU paths")
 _CPU_SERIES_20 = "These CPU measurements have not been run on the current series"
-_GPU_WS1_B4 = ("Separate runs at batch 4 on one GPU of the series one revision back (before a graph run a second time "
-               "gathered again); the current series' batch 4, in paired runs, is in bench-pair-ws1-v0.19.2.md")
+_GPU_WS1_B4 = ("Separate runs at batch 4 on one GPU of the series two revisions back (before a graph run a second "
+               "time gathered again, and before 0025); later paired runs at batch 4 are in bench-pair-ws1-v0.19.2.md")
 _GPU_WS1_PRISTINE = ("Runs of pristine DeepSpeed (the reentrant workaround on v0.19.2, and v0.19.8), stamped with the "
                      "v0.19.2 series of the call that made them: no patch of the series is in what they measure")
+_GPU_SERIES_24 = ("Measured on one H100 with the series one revision back (before 0025 made the module hooks' "
+                  "autograd functions take ctx in forward); no GPU was lent since to measure the current series")
+_TRACE_SERIES_24 = ("The trace that located the series' host time, made one revision back (before 0025); no GPU was "
+                    "lent since to trace the current series")
 generated_historical = {
+    "bench-pair-ws1-v0.19.2.md": _GPU_SERIES_24,
+    "bench-runs/ws1-h100-pair/": _GPU_SERIES_24,
+    "no-frozen-overhead-gpu-v0.19.2.md": _GPU_SERIES_24,
+    "trace-ws1.md": _TRACE_SERIES_24,
+    # (the runs of v0.19.8 and its follow-up there carry the current v0.19.8 stamp)
+    **{f"bench-runs/trace-h100/trace_{run}.json": _TRACE_SERIES_24
+       for run in ("1-torch-reentrant", "2-torch-nonreentrant", "3-v0192-reentrant", "4-v0192-series")},
+    "trace-ws1-b16.md": _TRACE_SERIES_24,
+    "bench-runs/trace-h100-b16/": _TRACE_SERIES_24,
     "cpu-bookkeeping.md": _CPU_SERIES_20,
-    "host-overhead.md": _CPU_SERIES_20,
-    "host-overhead-runs/": _CPU_SERIES_20,
     "bench.md": _GPU_BENCH_V0192,
     "bench.png": _GPU_BENCH_V0192,
     "bench-runs/batch4/": _GPU_BENCH_V0192,

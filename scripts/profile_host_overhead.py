@@ -39,9 +39,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(SCRIPTS), "docs", "_ext"))
 import stamps  # noqa: E402
 
 SERIES = os.path.join(os.path.dirname(SCRIPTS), "patches", "v0.19.2")
-COMMAND = ("scripts/profile_host_overhead.py --variant series (PYTHONPATH=build/deepspeed-v0.19.2) and "
-           "--variant nocheck (PYTHONPATH=build/deepspeed-v0.19.2-pristine), 3 runs each, interleaved, then "
-           "--compare (see its --help)")
 
 
 def relative_path(path):
@@ -106,7 +103,8 @@ def run(args):
         engine.step()
     tree = os.path.basename(os.environ.get("PYTHONPATH", "").rstrip("/")) or "installed deepspeed"
     result = {
-        "stamp": stamps.make(pathlib.Path(SERIES), deepspeed.__version__.strip(), [tree], COMMAND),
+        "stamp": stamps.make(pathlib.Path(SERIES), deepspeed.__version__.strip(), [tree],
+                             run_command(args.variant, tree)),
         "variant": args.variant,
         "tree": tree,
         "deepspeed": deepspeed.__version__.strip(),
@@ -162,6 +160,11 @@ def spread(values, scale=1e3):
     return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
+def run_command(variant, tree):
+    """The command that makes one run of ``variant`` with ``tree`` first on PYTHONPATH."""
+    return f"PYTHONPATH=build/{tree} DS_ACCELERATOR=cpu scripts/profile_host_overhead.py --variant {variant}"
+
+
 def compare(paths, md_path, rows):
     runs_a, runs_b = by_variant(paths)
     a, b = runs_a[0], runs_b[0]
@@ -199,6 +202,8 @@ def compare(paths, md_path, rows):
             sys.exit("profile_host_overhead.py: all runs must carry the stamp of one series revision "
                      f"(got {sorted(map(str, ids))}): run them again")
         stamp = dict(a["stamp"], trees=list(dict.fromkeys(t for r in runs_a + runs_b for t in r["stamp"]["trees"])))
+        stamp["command"] = (f"{run_command(a['variant'], a['tree'])} and {run_command(b['variant'], b['tree'])}, "
+                            f"{len(runs_a)} and {len(runs_b)} runs, interleaved, then --compare (see its --help)")
         with open(md_path, "w") as md:
             md.write(stamps.stamp_markdown(text, stamp))
     print(text)

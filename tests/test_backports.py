@@ -72,11 +72,11 @@ def test_missing_and_renamed_patches_are_caught(tmp_path, monkeypatch):
     assert f"v0.19.0: {n - 1} patches, the v0.19.2 series has {n}" in problems
     series.write_text("\n".join(names) + "\n")
     last = patches / "v0.19.0" / names[-1]
-    subject = f"Subject: [PATCH {n}/{n}] tests:"
-    assert subject in last.read_text()
-    last.write_text(last.read_text().replace(subject, f"Subject: [PATCH {n}/{n}] test:", 1))
+    prefix = f"Subject: [PATCH {n}/{n}] "
+    assert prefix in last.read_text()
+    last.write_text(last.read_text().replace(prefix, prefix + "renamed ", 1))
     problems = backport_env.correspondence_problems("v0.19.0")
-    assert any(p.startswith(f"v0.19.0 patch {n}") and "subject 'test:" in p for p in problems), problems
+    assert any(p.startswith(f"v0.19.0 patch {n}") and "subject 'renamed " in p for p in problems), problems
 
 
 def _repo_copy(tmp_path):

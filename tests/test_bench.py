@@ -104,6 +104,9 @@ def test_host_overhead_profile_smoke_on_cpu(tmp_path):
     text = md.read_text()
     assert "**Forward**" in text and "**Backward**" in text and "| series (ms/step) |" in text
     assert "series (2 runs) vs no-ckpt (1 run)" in text and " [" in text  # two series runs: a range
+    # the stamp's command regenerates what was compared: these variants, these runs
+    command = json.loads(text.split("zero3-stamp: ", 1)[1].split(" -->", 1)[0])["command"]
+    assert "--variant series" in command and "--variant no-ckpt" in command and "nocheck" not in command, command
     one_variant = subprocess.run([sys.executable, str(script), "--compare", runs[0], runs[2]],
                                  capture_output=True, text=True, timeout=120)
     assert one_variant.returncode != 0 and "exactly two variants" in one_variant.stderr
