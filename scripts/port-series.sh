@@ -312,7 +312,10 @@ case $MODE in
         [[ -f $REPO_ROOT/patches/$FROM/series ]] || die 3 "no series in patches/$FROM"
         mkdir -p -- "$PORT_DIR"
         # Both trees are this script's scratch space: --force lets apply.sh re-create them when
-        # the series changed (it only ever deletes a tree carrying its own marker).
+        # the series changed (it only ever deletes a tree carrying its own marker). It keeps a tree
+        # whose patches have the same diffs, but the ports take FROM's messages from its commits,
+        # which may have changed alone: the FROM tree, when apply.sh made it, is made again.
+        [[ ! -f $SRC/.git/zero3-apply ]] || rm -rf -- "$SRC"
         bash "$SCRIPT_DIR/apply.sh" "$FROM" --dest "$SRC" --branch "zero3/$FROM" --force >/dev/null ||
             die 3 "could not build $FROM with its series (apply.sh's message is above)"
         bash "$SCRIPT_DIR/apply.sh" "$VERSION" --pristine --dest "$TREE" --force >/dev/null ||

@@ -115,6 +115,21 @@ def test_port_reproduces_the_committed_v0_19_1_series(tmp_path):
         assert (copy / "patches" / "v0.19.1" / f.name).read_bytes() == f.read_bytes(), f.name
 
 
+def test_port_carries_a_changed_message_of_the_source_patch(tmp_path):
+    """A port after the source series changed only in a message (the diffs the same, so apply.sh
+    would keep its scratch tree as it is) carries the new message, as a port from scratch would."""
+    copy = _repo_copy(tmp_path)
+    assert _port(copy, "v0.19.1").returncode == 0
+    source = copy / "patches" / "v0.19.2" / (copy / "patches" / "v0.19.2" / "series").read_text().split()[0]
+    text = source.read_text()
+    head, rest = text.split("\n---\n", 1)
+    source.write_text(head + "\n\nA sentence added to the message alone.\n---\n" + rest)
+    run = _port(copy, "v0.19.1")
+    assert run.returncode == 0, run.stderr
+    ported = copy / "patches" / "v0.19.1" / source.name
+    assert "A sentence added to the message alone." in ported.read_text()
+
+
 def test_port_stops_on_a_conflict_and_says_what_to_do(tmp_path):
     copy = _repo_copy(tmp_path)
     run = _port(copy, "v0.17.6")
