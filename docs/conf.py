@@ -63,7 +63,10 @@ _GPU_SERIES_24 = ("Measured on one H100 with the series one revision back (befor
                   "autograd functions take ctx in forward); no GPU was lent since to measure the current series")
 _TRACE_SERIES_24 = ("The trace that located the series' host time, made one revision back (before 0025); no GPU was "
                     "lent since to trace the current series")
+_UPSTREAM_SERIES_24 = ("Upstream's suite on the series one revision back (before 0025): at LOCAL_SIZE=2 it takes "
+                       "over an hour of CPU per tree, and has not been run again on the current series")
 generated_historical = {
+    "upstream-cpu-v0.19.2.md": _UPSTREAM_SERIES_24,
     "bench-pair-ws1-v0.19.2.md": _GPU_SERIES_24,
     "bench-runs/ws1-h100-pair/": _GPU_SERIES_24,
     "no-frozen-overhead-gpu-v0.19.2.md": _GPU_SERIES_24,

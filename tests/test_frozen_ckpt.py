@@ -504,6 +504,17 @@ def test_engine_compile(scenario):
     scenario(f"{FROZEN}:engine_compile")
 
 
+@pytest.mark.needs_patch(7)
+@pytest.mark.invariants("I1")
+def test_engine_compile_of_outputs_that_need_no_grad(rank_pools, request):
+    """engine.compile() of a model whose first module's output needs no grad (a frozen layer fed
+    inputs that need none): torch.compile traces the autograd function ZeRO-3's hook applies to
+    that output instead of breaking the graph there. At world size 1, where no collective breaks
+    the graph before it. v0.19.2: the head, whose input needs no grad, stays gathered after
+    backward."""
+    scenario_runner(rank_pools(1), request)(f"{FROZEN}:engine_compile_of_outputs_that_need_no_grad")
+
+
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 
 

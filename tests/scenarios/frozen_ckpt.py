@@ -769,6 +769,18 @@ def engine_compile(*, checkpointing="module"):
     return result
 
 
+def engine_compile_of_outputs_that_need_no_grad():
+    """engine.compile() of a frozen layer fed inputs that need no grad, then a trainable head: the
+    frozen layer's output needs no grad, and torch.compile traces the autograd function ZeRO-3's
+    hook applies to it (it breaks the graph at one whose input requires grad)."""
+    config = lifecycle_config()
+    engine, reference = build(functools.partial(models.FrozenLayerThenHead, DIM), config)
+    engine.compile(backend="eager")
+    result = train(engine, reference, _inputs(engine, requires_grad=False))
+    engine.destroy()
+    return result
+
+
 class _ExpertsByRoute(torch.nn.Module):
     """Two experts, of which the forward runs the one ``route`` names (a router that, per rank,
     picks different experts: what MoE layers do), on its input detached (a stop-gradient)."""

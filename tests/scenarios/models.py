@@ -388,6 +388,19 @@ def frozen_norm_stack(dim=8, depth=2, checkpointing="module", relu=False, repeat
     return Stack(blocks, dim, checkpointing, repeat=repeat, bias=bias)
 
 
+class FrozenLayerThenHead(torch.nn.Module):
+    """A frozen Linear, then a trainable head: fed inputs that need no grad, the frozen layer's
+    output needs none either (a frozen embedding or a mask builder under LoRA)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.frozen = torch.nn.Linear(dim, dim).requires_grad_(False)
+        self.head = torch.nn.Linear(dim, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.frozen(x))).pow(2).mean()
+
+
 class EmbeddingNormStack(Stack):
     """A frozen embedding, then frozen-norm blocks (frozen_norm_stack) and a trainable head. Its
     output is made to require grad, as enable_input_require_grads() does for reentrant checkpointing."""
