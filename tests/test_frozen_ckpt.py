@@ -507,11 +507,10 @@ def test_engine_compile(scenario):
 @pytest.mark.needs_patch(7)
 @pytest.mark.invariants("I1")
 def test_engine_compile_of_outputs_that_need_no_grad(rank_pools, request):
-    """engine.compile() of a model whose first module's output needs no grad (a frozen layer fed
-    inputs that need none): torch.compile traces the autograd function ZeRO-3's hook applies to
-    that output instead of breaking the graph there. At world size 1, where no collective breaks
-    the graph before it. v0.19.2: the head, whose input needs no grad, stays gathered after
-    backward."""
+    """engine.compile() trains a model whose first module's output needs no grad (a frozen layer fed
+    inputs that need none), where a traced pre-backward hook would let torch.compile inline the
+    autograd function it applies to that output. At world size 1, where no collective breaks the
+    graph before it. v0.19.2: the head, whose input needs no grad, stays gathered after backward."""
     scenario_runner(rank_pools(1), request)(f"{FROZEN}:engine_compile_of_outputs_that_need_no_grad")
 
 

@@ -771,8 +771,9 @@ def engine_compile(*, checkpointing="module"):
 
 def engine_compile_of_outputs_that_need_no_grad():
     """engine.compile() of a frozen layer fed inputs that need no grad, then a trainable head: the
-    frozen layer's output needs no grad, and torch.compile traces the autograd function ZeRO-3's
-    hook applies to it (it breaks the graph at one whose input requires grad)."""
+    frozen layer's output needs no grad, and torch.compile would inline the autograd function that
+    ZeRO-3's pre-backward hook applies to it, were the hook traced (one whose input requires grad
+    breaks the graph)."""
     config = lifecycle_config()
     engine, reference = build(functools.partial(models.FrozenLayerThenHead, DIM), config)
     engine.compile(backend="eager")
