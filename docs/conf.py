@@ -65,15 +65,29 @@ _TRACE_SERIES_24 = ("The trace that located the series' host time, made one revi
                     "lent since to trace the current series")
 _UPSTREAM_SERIES_24 = ("Upstream's suite on the series one revision back (before 0025): at LOCAL_SIZE=2 it takes "
                        "over an hour of CPU per tree, and has not been run again on the current series")
+_GPU_FOLLOWUP_16 = ("Measured on a one-GPU host with the follow-up one revision back (before 0017 made the module hooks' "
+                    "autograd functions take ctx in forward); no GPU has been lent since to measure the current follow-up")
+_GPU_V0198_PRISTINE = ("A run of pristine v0.19.8, stamped with the follow-up of the call that made it (one revision "
+                       "back): no patch of the follow-up is in what it measures")
+_UPSTREAM_FOLLOWUP_16 = ("Upstream's suite on the follow-up one revision back (before 0017): at LOCAL_SIZE=2 it takes "
+                         "hours of CPU per tree; with 0017, CI's scripts/prove_batches.py runs upstream's tests of the "
+                         "two files the follow-up extends, with each batch and with the whole follow-up")
 generated_historical = {
     "upstream-cpu-v0.19.2.md": _UPSTREAM_SERIES_24,
     "bench-pair-ws1-v0.19.2.md": _GPU_SERIES_24,
     "bench-runs/ws1-h100-pair/": _GPU_SERIES_24,
     "no-frozen-overhead-gpu-v0.19.2.md": _GPU_SERIES_24,
     "trace-ws1.md": _TRACE_SERIES_24,
-    # (the runs of v0.19.8 and its follow-up there carry the current v0.19.8 stamp)
     **{f"bench-runs/trace-h100/trace_{run}.json": _TRACE_SERIES_24
        for run in ("1-torch-reentrant", "2-torch-nonreentrant", "3-v0192-reentrant", "4-v0192-series")},
+    "bench-runs/trace-h100/trace_5-v0198-pristine.json": _GPU_V0198_PRISTINE,
+    "bench-runs/trace-h100/trace_6-v0198-followup.json": _GPU_FOLLOWUP_16,
+    "bench-ws1-v0.19.8.md": _GPU_FOLLOWUP_16,
+    **{f"bench-runs/ws1-h200/b4-v0198-followup-{n}.json": _GPU_FOLLOWUP_16 for n in (1, 2, 3)},
+    "gpu-paths-v0.19.8.md": _GPU_FOLLOWUP_16,
+    "no-frozen-overhead-v0.19.8.md": _GPU_FOLLOWUP_16,
+    "upstream-cuda-ws1-v0.19.8.md": _GPU_FOLLOWUP_16,
+    "upstream-cpu-v0.19.8.md": _UPSTREAM_FOLLOWUP_16,
     "trace-ws1-b16.md": _TRACE_SERIES_24,
     "bench-runs/trace-h100-b16/": _TRACE_SERIES_24,
     "cpu-bookkeeping.md": _CPU_SERIES_20,

@@ -559,6 +559,7 @@ def test_every_figure_comes_from_a_generated_file():
 LETTER_SOURCES = {
     "patches/v0.19.2/cover-letter.txt": ["bench-ws1-v0.19.2.md", "bench-pair-ws1-v0.19.2.md", "host-overhead.md",
                                          "no-frozen-overhead-cpu-v0.19.2.md", "no-frozen-overhead-gpu-v0.19.2.md"],
+    "patches/v0.19.8/batch-host-time.txt": ["no-frozen-overhead-cpu-v0.19.8.md"],
 }
 
 
